@@ -168,3 +168,9 @@ def publish_endpoint(endpoint: str) -> str:
         if port.isdigit():
             return f"tcp://{host}:{int(port) + 1}"
     raise ValueError(f"cannot derive a notification endpoint from {endpoint!r}: use ipc:// or tcp://HOST:PORT")
+
+
+def curve_dir_for(home: Path) -> Path:
+    """Where a daemon serving tcp keeps its CURVE keys: `server.key` (public),
+    `client.key_secret` (the client pair), `authorized/` (public keys allowed in)."""
+    return home / "memd" / "curve"

@@ -164,7 +164,10 @@ class Daemon:
         self.notifier.ready(self.status_line())
         next_rescan = time.monotonic() + self.settings.rescan_seconds
         next_ping = time.monotonic()
-        next_expiry = time.monotonic() + 60
+        # Idle sessions are looked for often enough that one never outlives its idle time by
+        # much more than half of it (and at least once a minute).
+        expiry_interval = min(60.0, self.settings.session_idle_seconds / 2)
+        next_expiry = time.monotonic() + expiry_interval
         while not self.stopping:
             now = time.monotonic()
             wake = min(next_rescan, next_ping if self.notifier.watchdog_interval else next_rescan)
@@ -183,7 +186,7 @@ class Daemon:
                 next_ping = now + self.notifier.watchdog_interval
             if now >= next_expiry:
                 self._expire_sessions()
-                next_expiry = now + 60
+                next_expiry = now + expiry_interval
         self._serve_ready()  # what had already arrived when the stop came is still answered
 
     def _serve_ready(self) -> None:

@@ -31,6 +31,8 @@ class Settings:
     session_idle_seconds: float = 6 * 3600.0
     # The periodic rescan that backs up drift even when a filesystem event was lost.
     rescan_seconds: float = 2.0
+    # History is kept at least this long (the journal is rotated at start beyond it).
+    journal_days: float = 30.0
 
     @property
     def memory_dir(self) -> Path:
@@ -45,6 +47,13 @@ def default_home() -> Path:
     if sys.platform == "win32":
         return Path(platformdirs.user_data_dir("hermes", appauthor=False, roaming=False))
     return Path.home() / ".hermes"
+
+
+def state_dir(home: Path) -> Path:
+    """memd's own files in a home (daemon lock, CURVE keys, journal), created owner-only."""
+    directory = home / "memd"
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return directory
 
 
 def profile_home(home: Path, profile: str | None) -> Path:
@@ -65,7 +74,7 @@ def _positive_int(value: Any, where: str) -> int:
         raise ConfigError(f"{where} must be a whole number of characters, not {value!r}")
     if isinstance(value, str):
         value = value.strip().replace("_", "").replace(",", "")
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):
             raise ConfigError(f"{where} must be a whole number of characters, not {value!r}")
         value = int(value)
     if not isinstance(value, int) or value <= 0:
@@ -73,20 +82,22 @@ def _positive_int(value: Any, where: str) -> int:
     return value
 
 
-def _positive_seconds(value: Any, where: str) -> float:
+def _positive_number(value: Any, where: str, unit: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{where} must be a number of seconds, not {value!r}")
+        raise ConfigError(f"{where} must be a number of {unit}, not {value!r}")
     try:
-        seconds = float(value)
+        number = float(value)
     except ValueError:
-        raise ConfigError(f"{where} must be a number of seconds, not {value!r}") from None
-    if not seconds > 0:
-        raise ConfigError(f"{where} must be more than 0 seconds, not {value!r}")
-    return seconds
+        raise ConfigError(f"{where} must be a number of {unit}, not {value!r}") from None
+    if not number > 0 or number == float("inf"):
+        raise ConfigError(f"{where} must be a finite number of {unit} above 0, not {value!r}")
+    return number
 
 
 def _section(document: Mapping[str, Any], name: str, path: Path) -> Mapping[str, Any]:
-    section = document.get(name) or {}
+    section = document.get(name)
+    if section is None:  # absent, or a bare `name:` line
+        return {}
     if not isinstance(section, Mapping):
         raise ConfigError(f"{path}: '{name}:' must be a mapping of keys to values")
     return section
@@ -117,9 +128,9 @@ def load_settings(home: Path, config_file: Path | None = None) -> Settings:
     memd = _section(document, "memd", path)
     settings = Settings(home=home, limits=limits)
     overrides: dict[str, float] = {}
-    for key in ("session_idle_seconds", "rescan_seconds"):
+    for key, unit in (("session_idle_seconds", "seconds"), ("rescan_seconds", "seconds"), ("journal_days", "days")):
         if memd.get(key) is not None:
-            overrides[key] = _positive_seconds(memd[key], f"{path}: memd.{key}")
+            overrides[key] = _positive_number(memd[key], f"{path}: memd.{key}", unit)
     if overrides:
         settings = Settings(home=home, limits=limits, **overrides)
     return settings

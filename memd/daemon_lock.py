@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+from memd.config import state_dir
 from memd.disk import IS_WINDOWS
 
 if IS_WINDOWS:
@@ -16,13 +17,6 @@ else:
 
 class AlreadyRunning(Exception):
     """Another daemon holds the home; the message names it."""
-
-
-def state_dir(home: Path) -> Path:
-    """memd's own files in a home (the lock, CURVE keys), owner-only."""
-    directory = home / "memd"
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return directory
 
 
 class DaemonLock:

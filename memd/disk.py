@@ -69,7 +69,7 @@ def read_store(path: Path) -> StoreFile:
     return StoreFile(True, raw, digest_of(raw), text, problem)
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     if IS_WINDOWS:
         return  # Windows cannot open a directory for fsync; NTFS journals the rename itself
     fd = os.open(directory, os.O_RDONLY)
@@ -95,7 +95,7 @@ def write_durably(path: Path, text: str) -> bytes:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp_name, path)
-        _fsync_directory(directory)
+        fsync_directory(directory)
     except OSError as error:
         with contextlib.suppress(OSError):
             os.unlink(temp_name)
@@ -156,7 +156,7 @@ def write_backup(store: Path, raw: bytes, now: float) -> Path:
                 handle.write(raw)
                 handle.flush()
                 os.fsync(handle.fileno())
-            _fsync_directory(store.parent)
+            fsync_directory(store.parent)
         except OSError as error:
             raise DurabilityError(f"could not durably write backup {backup}: {error}") from error
         return backup

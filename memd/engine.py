@@ -17,14 +17,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memd.config import Settings, load_settings
+import msgspec
+
+from memd.config import Settings, load_settings, state_dir
 from memd.core import replies
 from memd.core.format import drift_reason, parse_entries, total_chars, usage_text
+from memd.core.history import Record, StepRecord, inverse_operations, provenance, restore_operations, state_at, steps_between
 from memd.core.render import FILENAMES, render_block
 from memd.core.store import (
     TARGETS, MemoryCall, Outcome, Step, StoreView, apply_call, count_failure, parse_call,
 )
 from memd.disk import digest_of, latest_backup, read_store, store_lock, write_backup, write_durably
+from memd.journal import Journal
 
 log = logging.getLogger("memd.engine")
 
@@ -45,6 +49,10 @@ class Event:
     reason: str | None = None
     steps: tuple[Step, ...] = ()
     time: float = 0.0
+    # For the journal: what kind of write (add, batch, undo, external...), and the entries after.
+    action: str | None = None
+    after: tuple[str, ...] = ()
+    undo_of: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +131,14 @@ class Session:
 Listener = Callable[[Sequence[Event]], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Why a call is made, when it is not a model's tool call: undo and restore."""
+
+    action: str
+    undo_of: int | None = None
+
+
 @dataclass
 class Counters:
     operations: int = 0
@@ -133,11 +149,12 @@ class Counters:
 class Engine:
     def __init__(
         self, home: Path, settings: Settings | None = None, *, listener: Listener | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, profile: str | None = None,
     ) -> None:
         self.home = Path(home)
         self.settings = settings or load_settings(self.home)
         self.clock = clock
+        self.profile = profile
         self.listeners: list[Listener] = [listener] if listener else []
         self.sessions: dict[str, Session] = {}
         self.counters = Counters(started=clock())
@@ -147,11 +164,16 @@ class Engine:
             target: StoreState(target, self.memory_dir / FILENAMES[target], self.settings.limits[target])
             for target in TARGETS
         }
+        self.journal = Journal(state_dir(self.home) / "journal.jsonl", self.settings.journal_days)
+        self.journal.rotate(clock())
         for state in self.stores.values():
             newest = latest_backup(state.path)
             state.last_backup = str(newest) if newest else None
             with store_lock(state.path):
-                self._emit(self._sync(state))
+                events = self._sync(state)
+                events.extend(self._baseline(state))
+                self._record(events)
+            self._emit(events)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -193,15 +215,18 @@ class Engine:
     def execute(self, session: Session, args: Mapping[str, Any]) -> dict[str, Any]:
         return self.execute_many([(session, args)])[0]
 
-    def execute_many(self, calls: Sequence[tuple[Session, Any]]) -> list[dict[str, Any]]:
+    def execute_many(
+        self, calls: Sequence[tuple[Session, Any]], origins: Sequence[Origin | None] | None = None,
+    ) -> list[dict[str, Any]]:
         """Apply calls in order, each against the state its predecessors left, then write each
-        touched store once, durably. Replies are returned only after the data is on disk."""
+        touched store once, durably, and journal every change. Replies are returned only after
+        the data and its journal records are on disk."""
         now = self.clock()
-        parsed: list[tuple[Session, MemoryCall | dict[str, Any]]] = []
-        for session, args in calls:
+        parsed: list[tuple[Session, MemoryCall | dict[str, Any], Origin | None]] = []
+        for index, (session, args) in enumerate(calls):
             session.last_used = now
-            parsed.append((session, parse_call(args)))
-        targets = sorted({call.target for _, call in parsed if isinstance(call, MemoryCall)})
+            parsed.append((session, parse_call(args), origins[index] if origins else None))
+        targets = sorted({call.target for _, call, _ in parsed if isinstance(call, MemoryCall)})
         events: list[Event] = []
         results: list[dict[str, Any]] = []
         with ExitStack() as locks:
@@ -211,14 +236,15 @@ class Engine:
                 events.extend(self._sync(state))  # never rewrite what we have not seen
             views = {target: self.stores[target].view() for target in targets}
             pending: dict[str, Outcome] = {}
-            for session, call in parsed:
+            for session, call, origin in parsed:
                 if not isinstance(call, MemoryCall):
                     results.append(call)
                     continue
                 if session.closed:
                     results.append(replies.invalid("This session is closed; open a new one."))
                     continue
-                outcome = apply_call(call, views[call.target])
+                # Undo and restore may bring a store back to empty, as it once was.
+                outcome = apply_call(call, views[call.target], allow_empty=origin is not None)
                 session.failures, reply = count_failure(session.failures, outcome, call.dry_run)
                 results.append(reply)
                 if outcome.text is not None:
@@ -228,10 +254,13 @@ class Engine:
                     pending[call.target] = outcome
                     events.append(Event(
                         "store_changed", call.target, reply["usage"], session.name,
-                        steps=outcome.steps, time=now,
+                        steps=outcome.steps, time=now, after=outcome.entries or (),
+                        action=origin.action if origin else _action_of(call),
+                        undo_of=origin.undo_of if origin else None,
                     ))
             for target, outcome in pending.items():
                 events.extend(self._commit(self.stores[target], outcome.text or "", now))
+            self._record(events)
         self.counters.operations += len(calls)
         self._emit(events)
         return results
@@ -244,7 +273,7 @@ class Engine:
         state.entries = tuple(parse_entries(text))
         if state.drift and drift_reason(text, state.limit) is None:
             state.drift = None
-            return [Event("drift_resolved", state.target, state.usage, time=now)]
+            return [Event("drift_resolved", state.target, state.usage, time=now, action="drift_resolved")]
         return []
 
     # -- changes from outside --------------------------------------------------------------
@@ -255,6 +284,7 @@ class Engine:
         events: list[Event] = []
         for target in targets:
             events.extend(self._sync(self.stores[target]))
+        self._record(events)
         self._emit(events)
         return events
 
@@ -271,7 +301,7 @@ class Engine:
             state.unreadable = found.error
             state.digest = found.digest
             log.error("%s is unusable: %s; writes to it are refused", state.path, found.error)
-            return [Event("unreadable", state.target, state.usage, reason=found.error, time=now)]
+            return [Event("unreadable", state.target, state.usage, reason=found.error, time=now, action="unreadable")]
         events: list[Event] = []
         was_unreadable = state.unreadable is not None
         state.unreadable = None
@@ -282,6 +312,7 @@ class Engine:
             log.warning("%s was deleted; its last content is saved in %s", state.path, state.last_backup)
         reason = drift_reason(text, state.limit)
         previous_drift = state.drift
+        previous_entries = state.entries
         state.digest, state.text, state.entries = found.digest, text, tuple(parse_entries(text))
         if reason is not None:
             if previous_drift is None or not Path(previous_drift.backup).exists() or was_unreadable:
@@ -289,7 +320,10 @@ class Engine:
                 state.last_backup = backup
                 state.drift = Drift(backup, reason, now)
                 log.warning("%s drifted (%s); backed up to %s", state.path, reason, backup)
-                events.append(Event("drift_detected", state.target, state.usage, backup=backup, reason=reason, time=now))
+                events.append(Event(
+                    "drift_detected", state.target, state.usage, backup=backup, reason=reason, time=now,
+                    action="drift_detected", after=state.entries,
+                ))
             else:
                 # Still drifted after another outside edit: keep this version too.
                 state.last_backup = str(write_backup(state.path, found.raw, now))
@@ -298,17 +332,113 @@ class Engine:
         state.drift = None
         if previous_drift is not None:
             log.info("%s is clean again; drift resolved", state.path)
-            events.append(Event("drift_resolved", state.target, state.usage, time=now))
+            events.append(Event("drift_resolved", state.target, state.usage, time=now, action="drift_resolved"))
         if not first_load:
-            events.append(Event("store_changed", state.target, state.usage, None, time=now))
+            events.append(Event(
+                "store_changed", state.target, state.usage, None, time=now, action="external",
+                steps=steps_between(previous_entries, state.entries), after=state.entries,
+            ))
         if total_chars(state.entries) > state.limit:
             log.warning("%s is over budget: %s", state.path, state.usage)
         return events
+
+    def _baseline(self, state: StoreState) -> list[Event]:
+        """Record the state found at start when the journal does not already end with it: the
+        first start, or changes made while no memd was running."""
+        known = self.journal.last_state(state.target)
+        if known == list(state.entries) or (known is None and not state.entries):
+            return []
+        return [Event(
+            "store_changed", state.target, state.usage, None, time=self.clock(),
+            action="baseline" if known is None else "external",
+            steps=steps_between(known or (), state.entries), after=state.entries,
+        )]
+
+    def _record(self, events: Sequence[Event]) -> None:
+        """Journal events durably (drafts are numbered by the journal)."""
+        drafts = [
+            Record(
+                seq=0, time=event.time, profile=self.profile, target=event.target, session=event.session,
+                action=event.action or event.kind, usage=event.usage, after=list(event.after),
+                steps=[StepRecord(step.action, step.old, step.new) for step in event.steps],
+                backup=event.backup, reason=event.reason, undo_of=event.undo_of,
+            )
+            for event in events
+        ]
+        self.journal.append(drafts)
 
     def _emit(self, events: Sequence[Event]) -> None:
         if events:
             for listener in self.listeners:
                 listener(events)
+
+    # -- history ---------------------------------------------------------------------------
+
+    def history(
+        self, target: str | None = None, *, since: float | None = None, session: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Journal records, oldest first; with `limit`, the newest `limit` of those that match."""
+        matching = [
+            msgspec.structs.asdict(record) for record in self.journal.records()
+            if (target is None or record.target == target)
+            and (since is None or record.time >= since)
+            and (session is None or record.session == session)
+        ]
+        for record in matching:
+            record["steps"] = [msgspec.structs.asdict(step) for step in record["steps"]]
+        return matching[-limit:] if limit else matching
+
+    def provenance(self, target: str) -> list[dict[str, Any]]:
+        """For each live entry of `target`: when it was written, by which session, in which record."""
+        return provenance(self.journal.records(), target, self.stores[target].entries)
+
+    def undo(self, seq: int, *, name: str = "undo", dry_run: bool = False) -> dict[str, Any]:
+        """Apply the inverse of journal record `seq` as a new, validated, journaled batch."""
+        record = self.journal.find(seq)
+        if record is None:
+            return replies.invalid(f"There is no change {seq} in the journal of {self.home}; see `memd log`.")
+        if record.target not in self.stores:
+            return replies.invalid(f"Change {seq} is not about a memory store.")
+        self.check_external([record.target])
+        operations = inverse_operations(record, self.stores[record.target].entries)
+        if isinstance(operations, str):
+            return replies.undo_conflict(seq, operations)
+        reply = self._apply_origin(record.target, operations, Origin("undo", seq), name, dry_run)
+        if reply["success"]:
+            reply["message"] = f"Change {seq} undone ({len(operations)} operation(s))."
+        reply["undo_of"] = seq
+        return reply
+
+    def restore(self, target: str, at: float, *, name: str = "restore", dry_run: bool = False) -> dict[str, Any]:
+        """Bring `target` back to its state at time `at`, as one validated, journaled batch."""
+        if target not in self.stores:
+            return replies.invalid(f"Invalid target {target!r}. Use 'memory' or 'user'.")
+        wanted = state_at(self.journal.records(), target, at)
+        if wanted is None:
+            return replies.invalid(
+                f"The journal holds no state of {FILENAMES[target]} at or before that time; "
+                "`memd log` shows how far back it goes."
+            )
+        self.check_external([target])
+        state = self.stores[target]
+        operations = restore_operations(state.entries, wanted)
+        if not operations:
+            reply = replies.success(target, state.entries, state.limit, "The store already holds exactly that state.", dry_run=dry_run)
+            reply["note"] = "Nothing was written."
+            return reply
+        reply = self._apply_origin(target, operations, Origin("restore"), name, dry_run)
+        if reply["success"]:
+            reply["message"] = f"{FILENAMES[target]} restored to its state at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}."
+        return reply
+
+    def _apply_origin(
+        self, target: str, operations: list[dict[str, str]], origin: Origin, name: str, dry_run: bool,
+    ) -> dict[str, Any]:
+        # A session of its own, never registered: undo and restore are no agent's turn.
+        session = Session(self, name, self.clock())
+        args = {"target": target, "operations": operations, "dry_run": dry_run}
+        return self.execute_many([(session, args)], [origin])[0]
 
     # -- observability ---------------------------------------------------------------------
 
@@ -339,3 +469,7 @@ class Engine:
             "writes": self.counters.writes,
             "stores": {target: self.store_status(target) for target in TARGETS},
         }
+
+
+def _action_of(call: MemoryCall) -> str:
+    return "batch" if call.is_batch else call.operations[0].action

@@ -16,7 +16,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from memd.daemon_lock import state_dir
+from memd.config import state_dir
 from memd_client.protocol import curve_dir_for
 
 

@@ -310,9 +310,8 @@ class Daemon:
             case wire.Status(profile=profile):
                 return self.status(profile)
             case wire.Entries(target=target, profile=profile):
-                if target not in TARGETS:
-                    raise Refused(f"unknown target {target!r}: use 'memory' or 'user'")
                 engine = self.engine_for(profile)
+                check_target(target)
                 return {"target": target, "entries": engine.entries(target), "usage": engine.stores[target].usage}
             case wire.Preview(profile=profile):
                 return snapshot_result(self.engine_for(profile).render_snapshot())
@@ -329,6 +328,18 @@ class Daemon:
             case wire.CloseSession(session=session_id):
                 self.session_for(session_id).close()
                 return {"closed": True}
+            case wire.History(target=target, since=since, session=name, limit=limit, profile=profile):
+                if target is not None:
+                    check_target(target)
+                if limit < 1:
+                    raise Refused("limit must be at least 1")
+                return self.engine_for(profile).history(target, since=since, session=name, limit=limit)
+            case wire.Provenance(target=target, profile=profile):
+                return self.engine_for(profile).provenance(check_target(target))
+            case wire.Undo(seq=seq, dry_run=dry_run, name=name, profile=profile):
+                return self.engine_for(profile).undo(seq, name=name, dry_run=dry_run)
+            case wire.Restore(target=target, at=at, dry_run=dry_run, name=name, profile=profile):
+                return self.engine_for(profile).restore(check_target(target), at, name=name, dry_run=dry_run)
         raise Refused(f"unsupported request {type(request).__name__}")
 
     def answer(self, peers: list[bytes], request_id: str, reply: bytes) -> None:
@@ -363,7 +374,7 @@ class Daemon:
         try:
             home = profile_home(self.home, profile)
             settings = self.settings if profile is None else load_settings(home)
-            engine = Engine(home, settings, listener=self._publisher_for(profile))
+            engine = Engine(home, settings, listener=self._publisher_for(profile), profile=profile)
         except ConfigError as error:
             raise Refused(f"profile {profile!r}: {error}") from None
         except OSError as error:
@@ -438,6 +449,12 @@ class Daemon:
     def status_line(self) -> str:
         sessions = sum(len(engine.sessions) for engine in self.engines.values())
         return f"serving {self.home} at {self.endpoint}: {sessions} session(s), {self.stats.requests} request(s)"
+
+
+def check_target(target: str) -> str:
+    if target not in TARGETS:
+        raise Refused(f"unknown target {target!r}: use 'memory' or 'user'")
+    return target
 
 
 def _version_message(version: object) -> str:

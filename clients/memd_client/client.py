@@ -185,6 +185,29 @@ class Client:
         """The snapshot a session opened now would get, without opening one."""
         return _blocks(self.call(wire.Preview, profile=profile))
 
+    def history(
+        self, target: str | None = None, *, since: float | None = None, session: str | None = None,
+        limit: int = 200, profile: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Journal records, oldest first (the newest `limit` that match): seq, time, session,
+        target, action, steps ({action, old?, new?}), usage, after (entries after the change)."""
+        return self.call(wire.History, target=target, since=since, session=session, limit=limit, profile=profile)
+
+    def provenance(self, target: str = "memory", profile: str | None = None) -> list[dict[str, Any]]:
+        """For each live entry: the seq, time, session and action that wrote it as it is."""
+        return self.call(wire.Provenance, target=target, profile=profile)
+
+    def undo(self, seq: int, *, dry_run: bool = False, name: str = "undo", profile: str | None = None) -> dict[str, Any]:
+        """Revert journal record `seq` as a new change; refused (code `conflict`) when later
+        changes make that unsafe. Returns a memory reply."""
+        return self.call(wire.Undo, seq=seq, dry_run=dry_run, name=name, profile=profile)
+
+    def restore(
+        self, target: str, at: float, *, dry_run: bool = False, name: str = "restore", profile: str | None = None,
+    ) -> dict[str, Any]:
+        """Bring `target` back to its state at Unix time `at`, as a new change."""
+        return self.call(wire.Restore, target=target, at=at, dry_run=dry_run, name=name, profile=profile)
+
     def open_session(self, name: str, profile: str | None = None) -> Session:
         result = self.call(wire.OpenSession, name=name, profile=profile)
         return Session(self, result["session"], name, profile, _blocks(result["snapshot"]))

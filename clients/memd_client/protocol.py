@@ -81,7 +81,44 @@ class CloseSession(Request, tag="close_session"):
     session: str
 
 
-AnyRequest = Hello | Status | Entries | Preview | OpenSession | Snapshot | Memory | NewTurn | Refresh | CloseSession
+class History(Request, tag="history"):
+    """Journal records, oldest first: the newest `limit` of those matching the filters."""
+
+    target: str | None = None
+    since: float | None = None
+    session: str | None = None  # a session *name*, e.g. "cli"
+    limit: int = 200
+    profile: str | None = None
+
+
+class Provenance(Request, tag="provenance"):
+    target: str
+    profile: str | None = None
+
+
+class Undo(Request, tag="undo"):
+    """Apply the inverse of journal record `seq`; `name` is recorded as the session that did it."""
+
+    seq: int
+    dry_run: bool = False
+    name: str = "undo"
+    profile: str | None = None
+
+
+class Restore(Request, tag="restore"):
+    """Bring a store back to its state at Unix time `at`."""
+
+    target: str
+    at: float
+    dry_run: bool = False
+    name: str = "restore"
+    profile: str | None = None
+
+
+AnyRequest = (
+    Hello | Status | Entries | Preview | OpenSession | Snapshot | Memory | NewTurn | Refresh
+    | CloseSession | History | Provenance | Undo | Restore
+)
 
 
 class Envelope(msgspec.Struct):

@@ -12,20 +12,75 @@ BOM = "\ufeff"
 
 
 def normalise_text(text: str) -> str:
-    """Drop a leading BOM and turn CRLF into LF, the two differences an editor may introduce."""
+    """Drop a leading BOM and turn CRLF into LF, the two differences an editor may introduce.
+
+    A lone CR becomes LF too, as in Hermes's own reads (Python's universal newlines); doing so
+    also makes normalising a second time change nothing.
+    """
     if text.startswith(BOM):
         text = text[len(BOM):]
-    return text.replace("\r\n", "\n")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _pieces(text: str) -> list[str]:
-    """The stripped pieces between delimiters, empty ones included."""
-    return [piece.strip() for piece in normalise_text(text).split(DELIMITER)]
+def _is_edge(char: str) -> bool:
+    return char.isspace() or char == BOM
+
+
+def _trim(piece: str, *, stray_delimiter: bool = False) -> str:
+    """`piece` without whitespace (or stray BOMs) at either end; with `stray_delimiter`, also
+    without trailing lines holding only '§'.
+
+    Such a line cannot end an entry: rewritten before the next delimiter it would fuse with it
+    and move text into the next entry. Index arithmetic keeps this linear on any input.
+    """
+    start, end = 0, len(piece)
+    while start < end and _is_edge(piece[start]):
+        start += 1
+    while True:
+        while end > start and _is_edge(piece[end - 1]):
+            end -= 1
+        if stray_delimiter and end - 2 >= start and piece[end - 2:end] == "\n§":
+            end -= 2
+            continue
+        return piece[start:end]
+
+
+def _pieces(text: str, *, stray_delimiter: bool = True) -> list[str]:
+    """The trimmed pieces between delimiters, empty ones included."""
+    return [_trim(piece, stray_delimiter=stray_delimiter) for piece in normalise_text(text).split(DELIMITER)]
 
 
 def parse_entries(text: str) -> list[str]:
     """Entries of a store file: stripped, empty ones dropped, the first of exact duplicates kept."""
     return list(dict.fromkeys(piece for piece in _pieces(text) if piece))
+
+
+def normalise_entry(text: str) -> str:
+    """An entry as a caller wrote it, made the way it will read back from the file: newlines
+    normalised, whitespace trimmed."""
+    return _trim(normalise_text(text))
+
+
+def has_delimiter_line(entry: str) -> bool:
+    """Whether `entry` holds a line that is only '§': written, it would become several entries."""
+    return "§" in entry.split("\n")
+
+
+def append_entry(text: str, entry: str) -> str:
+    """The file text `text` with `entry` added as its own last entry, every character of `text`
+    kept (a drifted file is added to this way). `entry` must be trimmed and hold no '§' line.
+
+    A text ending in stray '§' lines would fuse them with the new delimiter; splitting is left
+    to right, so one of the two joins below always leaves `entry` intact, and the check picks it.
+    """
+    kept = _trim(normalise_text(text))
+    if not kept:
+        return entry
+    for joiner in (DELIMITER, "\n"):
+        joined = kept + joiner + entry
+        if joined.split(DELIMITER)[-1] == entry:
+            return joined
+    raise ValueError("entry holds a delimiter line")  # excluded by the caller's validation
 
 
 def serialise_entries(entries: Sequence[str]) -> str:
@@ -42,14 +97,14 @@ def drift_reason(text: str, limit: int) -> str | None:
     """Why rewriting this file from its parsed entries would change what someone wrote, or None.
 
     Whitespace around entries and delimiter lines, a BOM and CRLF line ends are forgiven: a rewrite
-    loses nothing of them. Empty entries (stray delimiters) and repeated entries are not, and an
-    entry longer than the store's whole limit is free text added by hand, a shell `>>` or a patch
-    tool, which a tool-written store can never hold.
+    loses nothing of them. Stray delimiters (empty entries, a '§' line ending an entry) and repeated
+    entries are not, and an entry longer than the store's whole limit is free text added by hand,
+    a shell `>>` or a patch tool, which a tool-written store can never hold.
     """
-    pieces = _pieces(text)
+    pieces = _pieces(text, stray_delimiter=False)
     as_written = serialise_entries(pieces).strip()
     if as_written != serialise_entries(parse_entries(text)):
-        return "it has empty or repeated entries that a rewrite would drop"
+        return "it has empty or repeated entries, or stray '§' lines, that a rewrite would drop"
     longest = max((len(piece) for piece in pieces), default=0)
     if longest > limit:
         return (

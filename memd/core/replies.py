@@ -18,6 +18,7 @@ Reply = dict[str, Any]
 CODES = (
     "ok", "duplicate", "over_budget", "no_match", "ambiguous", "blocked", "drift",
     "would_empty", "invalid", "unreadable", "consolidation_exhausted",
+    "conflict",  # undo/restore only: a later change makes reverting unsafe
 )
 SAVED_NOTE = "Write saved. This update is complete — do not repeat it."
 ALREADY_SAVED_NOTE = "Already saved; nothing was written. This update is complete — do not repeat it."
@@ -82,6 +83,14 @@ def missing_old_text(action: str, target: str, entries: Sequence[str], limit: in
 
 def empty_content(action: str) -> Reply:
     return invalid(f"'{action}' needs content: the text of the entry. It was missing or empty.")
+
+
+def delimiter_line(action: str) -> str:
+    return (
+        f"The content of '{action}' has a line holding only '§', which separates entries in the "
+        "file, so it would be saved as several entries. Send each fact as its own entry, without "
+        "a line holding only '§'."
+    )
 
 
 def blocked(categories: Sequence[str], position: int | None = None) -> Reply:
@@ -186,5 +195,14 @@ def consolidation_exhausted(failures: int) -> Reply:
         f"Memory consolidation has failed {failures} times this turn. Stop calling the memory "
         "tool now: leave memory unchanged, continue your reply to the user, and save the fact "
         "in a later turn.",
+        done=True,
+    )
+
+
+def undo_conflict(seq: int, problem: str) -> Reply:
+    return failure(
+        "conflict",
+        f"Cannot undo change {seq}: {problem}. Undoing it now would overwrite a later change. "
+        "Look at `memd log` and undo the later change first, or edit the entry directly.",
         done=True,
     )

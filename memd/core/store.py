@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memd.core import replies
-from memd.core.format import DELIMITER, parse_entries, serialise_entries, total_chars
+from memd.core.format import (
+    append_entry, has_delimiter_line, normalise_entry, parse_entries, serialise_entries, total_chars,
+)
 from memd.core.replies import Reply
 from memd.core.scan import scan
 
@@ -125,7 +127,10 @@ def _parse_operation(raw: Any) -> Operation | Reply:
     old_text = _text_field(raw, "old_text")
     if isinstance(old_text, dict):
         return old_text
-    return Operation(action, content.strip() if content else None, old_text.strip() if old_text else None)
+    # Normalised as the file will read them back, so a duplicate or a match is seen as such.
+    return Operation(
+        action, normalise_entry(content) if content else None, normalise_entry(old_text) if old_text else None,
+    )
 
 
 def match_entry(entries: Sequence[str], old_text: str) -> int | list[int] | None:
@@ -142,12 +147,16 @@ def match_entry(entries: Sequence[str], old_text: str) -> int | list[int] | None
     return hits[0]
 
 
-def apply_call(call: MemoryCall, view: StoreView) -> Outcome:
-    """Apply a validated call to a store, all or nothing."""
+def apply_call(call: MemoryCall, view: StoreView, *, allow_empty: bool = False) -> Outcome:
+    """Apply a validated call to a store, all or nothing.
+
+    `allow_empty` lets a batch empty the store: an undo or restore may return it to the empty
+    state it once had, which the rule against consolidation wiping a store must not prevent.
+    """
     if view.unreadable is not None:
         return Outcome(replies.unreadable(view.target, view.unreadable))
     if call.is_batch:
-        return _apply_batch(call, view)
+        return _apply_batch(call, view, allow_empty)
     operation = call.operations[0]
     if operation.action == "add":
         return _apply_add(operation, view, call.dry_run)
@@ -188,6 +197,8 @@ def _apply_add(operation: Operation, view: StoreView, dry_run: bool) -> Outcome:
     content = operation.content
     if not content:
         return Outcome(replies.empty_content("add"))
+    if has_delimiter_line(content):
+        return Outcome(replies.invalid(replies.delimiter_line("add")))
     refusal = _blocked(content)
     if refusal:
         return Outcome(refusal)
@@ -198,8 +209,7 @@ def _apply_add(operation: Operation, view: StoreView, dry_run: bool) -> Outcome:
     text = None
     if view.drift_backup is not None:
         # A drifted file is appended to as it stands, so nothing written outside the tool is lost.
-        kept = view.text.strip()
-        text = kept + DELIMITER + content if kept else content
+        text = append_entry(view.text, content)
         entries = tuple(parse_entries(text))
         new_total = len(text)
     if new_total > view.limit:
@@ -219,6 +229,8 @@ def _apply_edit(operation: Operation, view: StoreView, dry_run: bool) -> Outcome
     if action == "replace":
         if not operation.content:
             return Outcome(replies.empty_content("replace"))
+        if has_delimiter_line(operation.content):
+            return Outcome(replies.invalid(replies.delimiter_line("replace")))
         refusal = _blocked(operation.content)
         if refusal:
             return Outcome(refusal)
@@ -253,7 +265,7 @@ def _batch_failure(reply: Reply) -> Outcome:
     return Outcome(reply, counts_as_failure=True)
 
 
-def _apply_batch(call: MemoryCall, view: StoreView) -> Outcome:
+def _apply_batch(call: MemoryCall, view: StoreView, allow_empty: bool) -> Outcome:
     if view.drift_backup is not None:
         return Outcome(replies.drift(view.target, view.drift_backup, view.drift_reason or "drift"))
     operations: list[Operation] = []
@@ -297,7 +309,7 @@ def _apply_batch(call: MemoryCall, view: StoreView) -> Outcome:
             else:
                 entries[found] = new
             steps.append(Step("replace", old=old, new=new))
-    if view.entries and not entries:
+    if view.entries and not entries and not allow_empty:
         return _batch_failure(replies.would_empty(view.target, view.entries, view.limit))
     new_total = total_chars(entries)
     if new_total > view.limit and new_total > total_chars(view.entries):
@@ -313,6 +325,8 @@ def _apply_batch(call: MemoryCall, view: StoreView) -> Outcome:
 def _missing_field(operation: Operation) -> str | None:
     if operation.action in ("add", "replace") and not operation.content:
         return f"'{operation.action}' needs a non-empty content."
+    if operation.content and has_delimiter_line(operation.content):
+        return replies.delimiter_line(operation.action)
     if operation.action in ("replace", "remove") and not operation.old_text:
         return f"'{operation.action}' needs old_text (a piece of text that occurs in one entry)."
     return None

@@ -401,14 +401,31 @@ class Engine:
         if record.target not in self.stores:
             return replies.invalid(f"Change {seq} is not about a memory store.")
         self.check_external([record.target])
-        operations = inverse_operations(record, self.stores[record.target].entries)
+        current = self.stores[record.target].entries
+        operations = inverse_operations(record, current)
         if isinstance(operations, str):
             return replies.undo_conflict(seq, operations)
+        before = self._state_before(record)
+        if before is not None and list(current) == record.after:
+            # Nothing changed since: go back to the exact previous list, order included.
+            operations = restore_operations(current, before)
         reply = self._apply_origin(record.target, operations, Origin("undo", seq), name, dry_run)
         if reply["success"]:
             reply["message"] = f"Change {seq} undone ({len(operations)} operation(s))."
         reply["undo_of"] = seq
         return reply
+
+    def _state_before(self, record: Record) -> list[str] | None:
+        """The entries of the record's store just before it, if the journal knows them."""
+        before: list[str] | None = None
+        for earlier in self.journal.records():
+            if earlier.seq >= record.seq:
+                break
+            if earlier.target == record.target and earlier.action not in ("drift_resolved", "unreadable"):
+                before = list(earlier.after)
+        if before is None and record.action in ("add", "batch") and all(step.action == "add" for step in record.steps):
+            return [entry for entry in record.after if entry not in {step.new for step in record.steps}]
+        return before
 
     def restore(self, target: str, at: float, *, name: str = "restore", dry_run: bool = False) -> dict[str, Any]:
         """Bring `target` back to its state at time `at`, as one validated, journaled batch."""

@@ -40,7 +40,7 @@ class DaemonProcess:
         scratch = tempfile.mkdtemp(prefix="memd-", dir="/tmp" if os.path.isdir("/tmp") else None)
         if home is None:
             home = Path(scratch) / "home"
-            home.mkdir()
+        home.mkdir(parents=True, exist_ok=True)
         daemon = cls(home, f"ipc://{scratch}/m.sock", env=env)
         daemon._scratch = scratch
         daemon.start(timeout=timeout)

@@ -121,12 +121,15 @@ class Daemon:
         publisher = self.context.socket(zmq.PUB)
         publisher.setsockopt(zmq.LINGER, 0)
         self._secure(publisher)
-        old_umask = os.umask(0o077)  # the ipc socket files are created owner-only
+        old_umask = os.umask(0o177)  # the ipc socket files are created owner-only: 0600
         try:
             router.bind(self.endpoint)
             publisher.bind(self.publish_endpoint)
         finally:
             os.umask(old_umask)
+        for endpoint in (self.endpoint, self.publish_endpoint):
+            if endpoint.startswith("ipc://"):
+                os.chmod(endpoint[len("ipc://"):], 0o600)
         self.router, self.publisher = router, publisher
 
     def install_signal_handlers(self) -> None:

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memd_client import Client, DaemonUnavailable
+from memd_client import Client, DaemonUnavailable, MemdError
+from memd_client.protocol import curve_dir_for
 
 
 class DaemonProcess:
@@ -72,10 +73,15 @@ class DaemonProcess:
                 return
             except DaemonUnavailable:
                 continue
+            except MemdError:
+                time.sleep(0.02)  # tcp: the daemon has not written its CURVE keys yet
+                continue
         raise RuntimeError(f"memd did not become ready within {timeout}s:\n{self.log()}")
 
     def client(self, **options: Any) -> Client:
         options.setdefault("timeout", 10.0)
+        if self.endpoint.startswith("tcp://"):
+            options.setdefault("curve_dir", curve_dir_for(self.home))  # the keys the daemon made
         return Client(self.endpoint, autostart=False, **options)
 
     def log(self) -> str:

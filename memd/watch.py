@@ -11,12 +11,17 @@ import os
 import queue
 from pathlib import Path
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    EVENT_TYPE_CLOSED_NO_WRITE, EVENT_TYPE_OPENED, FileSystemEvent, FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 
 from memd.core.render import FILENAMES
 
 STORE_NAMES = {name: target for target, name in FILENAMES.items()}
+# Opening and reading a store changes nothing; reacting to it would make the daemon's own re-read
+# trigger another re-read, for ever.
+IGNORED_EVENTS = frozenset({EVENT_TYPE_OPENED, EVENT_TYPE_CLOSED_NO_WRITE})
 
 
 class _Handler(FileSystemEventHandler):
@@ -25,6 +30,8 @@ class _Handler(FileSystemEventHandler):
         self.key = key
 
     def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type in IGNORED_EVENTS:
+            return
         for path in (event.src_path, getattr(event, "dest_path", "")):
             name = os.path.basename(os.fsdecode(path)) if path else ""
             target = STORE_NAMES.get(name)

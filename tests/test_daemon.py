@@ -632,3 +632,23 @@ def test_sigterm_when_idle_exits_zero_and_a_restart_serves_the_same_memory(daemo
     daemon.start()
     with daemon.client() as client:
         assert client.entries("memory") == ["Survives a restart."]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_an_idle_daemon_stays_idle_after_reading_and_writing_its_files(daemon):
+    """Its own reads of a store must not wake the watch into reading it again, forever."""
+    with daemon.client() as client:
+        session = client.open_session("cli")
+        assert session.memory(action="add", content="One write, then silence.")["success"]
+        assert session.memory(action="add", target="user", content="Likes quiet machines.")["success"]
+        hermes_write(store_file(daemon.home, "memory"), ["One write, then silence.", "An outside edit too."])
+        wait_for(lambda: len(client.entries("memory")) == 2, 5, "the outside edit to be adopted")
+    time.sleep(0.3)  # let the events of those writes settle
+    used_before, started = cpu_seconds(daemon.pid), time.monotonic()
+    time.sleep(1.5)
+    share = (cpu_seconds(daemon.pid) - used_before) / (time.monotonic() - started)
+    assert share < 0.2, f"the idle daemon used {share:.0%} of a CPU"

@@ -58,7 +58,11 @@ class DaemonProcess:
                 [sys.executable, "-m", "memd", "serve", "--home", str(self.home), "--endpoint", self.endpoint],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env,
             )
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()  # a daemon that never became ready must not outlive the caller
+            raise
 
     def wait_ready(self, timeout: float = 15.0) -> None:
         """Ask until the daemon answers; fail early if it exited."""

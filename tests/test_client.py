@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from memd_client import TOOL_SCHEMA, Client, DaemonUnavailable, SessionClosed
 
 from memd.core.store import ACTIONS, TARGETS
-from memd_client import TOOL_SCHEMA, Client, DaemonUnavailable, SessionClosed
 
 
 def test_no_daemon_raises_daemon_unavailable_naming_the_endpoint_within_the_timeout():

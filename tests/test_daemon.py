@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 import zmq
+from memd_client import Client, DaemonUnavailable, SessionClosed
+from memd_client import protocol as wire
 
 from memd.core.format import DELIMITER, drift_reason, parse_entries
 from memd.testing import DaemonProcess
-from memd_client import Client, DaemonUnavailable, SessionClosed
-from memd_client import protocol as wire
 
 TARGETS = ("memory", "user")
 FILES = {"memory": "MEMORY.md", "user": "USER.md"}
@@ -652,3 +652,12 @@ def test_an_idle_daemon_stays_idle_after_reading_and_writing_its_files(daemon):
     time.sleep(1.5)
     share = (cpu_seconds(daemon.pid) - used_before) / (time.monotonic() - started)
     assert share < 0.2, f"the idle daemon used {share:.0%} of a CPU"
+
+
+def test_a_daemon_process_that_is_not_ready_in_time_is_not_left_running(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    process = DaemonProcess(home, f"ipc://{tmp_path}/m.sock")
+    with pytest.raises(RuntimeError, match="did not become ready"):
+        process.start(timeout=0.0)
+    assert process.process is not None and process.process.poll() is not None

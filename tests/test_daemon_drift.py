@@ -8,9 +8,10 @@ import os
 import time
 from pathlib import Path
 
-from memd.core.format import DELIMITER, parse_entries
 from memd_client import protocol as wire
 from test_daemon import fork, hermes_write, store_file, wait_for
+
+from memd.core.format import DELIMITER, parse_entries
 
 FIRST = ["The repo uses uv for dependencies.", "Tests run with pytest -q.", "The staging host is stage.example.org."]
 

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 import zmq
+from memd_client import protocol as wire
 
 from memd.testing import DaemonProcess
-from memd_client import protocol as wire
 
 V = wire.PROTOCOL_VERSION
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import zmq
 import zmq.auth
-
-from memd.testing import DaemonProcess
 from memd_client import Client, DaemonUnavailable, MemdError
 from memd_client import protocol as wire
+
+from memd.testing import DaemonProcess
 
 NOBODY = 65534
 fork = multiprocessing.get_context("fork")

@@ -7,7 +7,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from memd.core.format import (
-    DELIMITER, append_entry, drift_reason, has_delimiter_line, normalise_entry, parse_entries,
+    DELIMITER, append_entry, drift_reason, has_delimiter_line, normalise_entry, normalise_text, parse_entries,
     serialise_entries, total_chars, usage_text,
 )
 
@@ -29,7 +29,11 @@ def is_clean_entry(entry: str) -> bool:
     )
 
 
-CLEAN_ENTRY = st.text(st.one_of(FORMAT_CHARS, st.characters(exclude_categories=("Cs",))), min_size=1, max_size=40).filter(is_clean_entry)
+CLEAN_ENTRY = (
+    st.text(st.one_of(FORMAT_CHARS, st.characters(exclude_categories=("Cs",))), min_size=1, max_size=40)
+    .map(lambda text: text.replace("\r", "").replace("\ufeff", "").strip())
+    .filter(is_clean_entry)
+)
 CLEAN_STORE = st.lists(CLEAN_ENTRY, unique=True, max_size=8)
 
 
@@ -191,7 +195,14 @@ def test_rewriting_a_file_that_has_not_drifted_loses_nothing_written(text):
 @example("a\n§\n§", "new")
 @example("a\n§\n§\n§", "new")
 @example("a\n§\n\n§\n", "new")
+@example("\n§\n", "new")            # a file holding only a stray delimiter
+@example("\n§\nfoo", "new")         # a leading delimiter: trimming it would glue '§' to "foo"
+@settings(max_examples=300)
 def test_appending_to_any_file_keeps_its_text_and_adds_exactly_the_entry(text, entry):
     joined = append_entry(text, entry)
-    assert joined.startswith(normalise_entry(text))
     assert parse_entries(joined) == list(dict.fromkeys([*parse_entries(text), entry]))
+    written = normalise_text(text)
+    while written and (written[-1].isspace() or written[-1] == "\ufeff"):
+        written = written[:-1]
+    assert joined.startswith(written)  # the file's text, as it was, up to its last visible character
+    assert visible(joined) in (visible(text) + visible(entry), visible(text) + "§" + visible(entry))

@@ -120,3 +120,10 @@ def test_previews_are_one_line_80_characters_and_sanitised():
     assert shown[0] == " ".join(long_entry.split())[:80] + "..."
     assert shown[1] == "Short one."
     assert INJECTION not in shown[2] and shown[2].startswith("[BLOCKED: MEMORY.md entry contained")
+
+
+def test_an_entry_too_long_to_scan_is_blocked_outright():
+    huge = "Meeting notes: " + "the team discussed the roadmap at length. " * 5000  # ~210,000 chars
+    body = body_of(render_block("memory", [BENIGN[0], huge], 2200))
+    assert body == BENIGN[0] + "\n§\n" + placeholder("MEMORY.md", huge)
+    assert "roadmap" not in body

@@ -443,13 +443,15 @@ def test_a_drifted_store_refuses_rewrites_naming_the_backup(args):
     assert "/m/MEMORY.md.bak.1700000000" in reply["error"] and reply["remediation"]
 
 
-@pytest.mark.parametrize("text", ["a\n§\n\n§\nb", "a\n§\nb\n§", "a\n§\nb\n§\n§", "a\n§\nb\n§\na"])
+@pytest.mark.parametrize("text", [
+    "a\n§\n\n§\nb", "a\n§\nb\n§", "a\n§\nb\n§\n§", "a\n§\nb\n§\na", "\n§\na\n§\nb", "\n§\n",
+])
 def test_add_to_a_drifted_store_appends_keeping_all_its_text(text):
     drifted = view(parse_entries(text), text=text, drift_backup="/m/MEMORY.md.bak.1", drift_reason="stray")
     outcome = apply(drifted, action="add", content="New fact.")
     assert outcome.reply["code"] == "ok"
-    assert outcome.text.startswith(text)
-    assert parse_entries(outcome.text)[-1] == "New fact."
+    assert outcome.text.startswith(text.rstrip())
+    assert parse_entries(outcome.text) == [*parse_entries(text), "New fact."]
 
 
 # -- sanitised echoes ----------------------------------------------------------------------------

@@ -73,7 +73,13 @@ def append_entry(text: str, entry: str) -> str:
     A text ending in stray '§' lines would fuse them with the new delimiter; splitting is left
     to right, so one of the two joins below always leaves `entry` intact, and the check picks it.
     """
-    kept = _trim(normalise_text(text))
+    kept = normalise_text(text)
+    end = len(kept)
+    while end and _is_edge(kept[end - 1]):
+        end -= 1
+    # Only the end is trimmed: a leading "\n§\n" is a delimiter, which trimming would turn into
+    # a '§' line glued to the first entry.
+    kept = kept[:end]
     if not kept:
         return entry
     for joiner in (DELIMITER, "\n"):

@@ -22,6 +22,13 @@ def memory_file(daemon: DaemonProcess) -> Path:
     return daemon.home / "memories" / "MEMORY.md"
 
 
+def replace_file(path: Path, text: str) -> None:
+    """Save as careful editors and Hermes do: a temp file renamed over the store."""
+    temp = path.with_name(path.name + ".edit")
+    temp.write_text(text, encoding="utf-8")
+    temp.replace(path)
+
+
 def wait_for(condition, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -171,7 +178,7 @@ def test_external_changes_and_drift_backups_are_logged(daemon: DaemonProcess) ->
     path = memory_file(daemon)
     with daemon.client() as client:
         client.open_session("cli").memory(action="add", content="kept")
-        path.write_text("kept\n§\nadded by hand", encoding="utf-8")  # a clean edit: adopted
+        replace_file(path, "kept\n§\nadded by hand")  # a clean edit, saved atomically: adopted
         wait_for(lambda: client.entries("memory") == ["kept", "added by hand"])
         with open(path, "a", encoding="utf-8") as handle:
             handle.write("\n" + "pasted notes " * 200)  # free text: drift
@@ -278,7 +285,8 @@ def test_consolidation_seen_in_memd_log_and_reverted_with_memd_undo(daemon: Daem
         facts = [f"Service {name} listens on port {port} and logs to /var/log/{name}.log" for name, port in (
             ("api", 8080), ("worker", 8081), ("billing", 8082), ("search", 8083), ("mailer", 8084),
         )]
-        facts += [f"Note {index}: " + "x" * 300 for index in range(5)]
+        used = len("\n§\n".join(facts))
+        facts += [f"Note {index}: " + "x" * ((2150 - used) // 4 - 12) for index in range(4)]  # fills to ~2,150 of 2,200
         for fact in facts:
             agent.memory(action="add", content=fact)
         refused = agent.memory(action="add", content="Service auth listens on port 8085 and logs to /var/log/auth.log")

@@ -211,7 +211,10 @@ def _apply_add(operation: Operation, view: StoreView, dry_run: bool) -> Outcome:
         # A drifted file is appended to as it stands, so nothing written outside the tool is lost.
         text = append_entry(view.text, content)
         entries = tuple(parse_entries(text))
-        new_total = len(text)
+        # Text pasted from outside (an "entry" longer than the whole limit) is kept and backed up,
+        # but not charged to the budget until someone cleans it up; otherwise no agent could
+        # save anything until a person came by.
+        new_total = total_chars([entry for entry in entries if len(entry) <= view.limit])
     if new_total > view.limit:
         return Outcome(
             replies.over_budget(view.target, view.entries, view.limit, new_total, entry_size=len(content)),

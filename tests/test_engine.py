@@ -281,12 +281,18 @@ def test_a_drifted_store_refuses_replace_remove_and_batch_naming_the_backup(tmp_
     assert memory_file(home).read_bytes() == raw
 
 
-def test_an_add_to_a_store_that_free_text_put_over_budget_changes_nothing(tmp_path):
-    # The code's choice: drift does not block add, but the budget still does (as in Hermes).
+def test_add_to_a_store_with_free_text_appended_keeps_all_of_it(tmp_path):
     home, raw = drifted_home(tmp_path)
-    reply = Engine(home).open_session("cli").memory(action="add", content="New fact.")
-    assert reply["code"] == "over_budget"
-    assert memory_file(home).read_bytes() == raw
+    engine = Engine(home)
+    session = engine.open_session("cli")
+    reply = session.memory(action="add", content="New fact.")
+    assert reply["success"] is True and reply["code"] == "ok"
+    text = memory_file(home).read_text(encoding="utf-8")
+    assert text == raw.decode("utf-8").rstrip() + "\n§\nNew fact."
+    assert engine.entries("memory")[-1] == "New fact."
+    # Still drifted: the free text waits for a person, and rewrites stay refused.
+    assert session.memory(action="remove", old_text="New fact.")["code"] == "drift"
+    assert len(backups(home)) == 1
 
 
 def test_drift_seen_by_a_check_is_backed_up_at_once_and_add_keeps_all_existing_text(tmp_path):

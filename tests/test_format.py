@@ -77,6 +77,15 @@ def test_near_duplicates_are_distinct_entries():
     assert parse_entries("Uses vim.\n§\nUses vim!\n§\nuses vim.") == ["Uses vim.", "Uses vim!", "uses vim."]
 
 
+def test_a_line_holding_only_a_section_sign_is_never_content():
+    # Stray delimiters: an entry cannot start or end with such a line, nor be one.
+    assert parse_entries("a\n§\n§\nb") == ["a", "b"]
+    assert parse_entries("a\n§\nb\n§") == ["a", "b"]
+    assert parse_entries("§\n \n§\na") == ["a"]
+    assert parse_entries("§") == [] and parse_entries("\n§") == []
+    assert parse_entries("a\n§ \nb") == ["a\n§ \nb"]  # '§ ' is not a delimiter line (as in Hermes)
+
+
 def test_an_empty_or_blank_file_has_no_entries():
     assert parse_entries("") == []
     assert parse_entries(" \n\t\n") == []
@@ -133,6 +142,8 @@ def test_whitespace_bom_and_crlf_around_delimiters_are_forgiven(text):
     "a\n§\nb\n§\n",   # a trailing delimiter
     "\n§\na\n§\nb",   # a leading delimiter
     "a\n§\nb\n§",     # a stray '§' line ending the file: rewritten, it would fuse with the next delimiter
+    "a\n§\n§\nb",     # a doubled delimiter
+    "§",
 ])
 def test_stray_delimiters_are_drift(text):
     assert drift_reason(text, 2200) is not None
@@ -159,7 +170,7 @@ def test_an_entry_exactly_as_long_as_the_limit_is_not_drift():
 # -- properties ---------------------------------------------------------------------------------
 
 @given(CLEAN_STORE)
-@example(["a\n§ b", "§\nc", "§"])
+@example(["a\n§ b", "x § y", "§4 applies.\n §"])
 def test_serialise_then_parse_is_identity_on_clean_stores(entries):
     text = serialise_entries(entries)
     assert parse_entries(text) == entries

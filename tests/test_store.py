@@ -454,6 +454,16 @@ def test_add_to_a_drifted_store_appends_keeping_all_its_text(text):
     assert parse_entries(outcome.text) == [*parse_entries(text), "New fact."]
 
 
+def test_free_text_in_a_drifted_store_is_not_charged_to_the_budget_of_an_add():
+    pasted = "Notes pasted by hand:" + " the release moves to Thursday." * 5  # longer than the limit
+    text = "a" * 20 + "\n§\n" + pasted
+    drifted = view(parse_entries(text), limit=100, text=text, drift_backup="/m/MEMORY.md.bak.1", drift_reason="long")
+    outcome = apply(drifted, action="add", content="b" * 70)  # 20 + 3 + 70 = 93 of 100
+    assert outcome.reply["code"] == "ok" and outcome.text == text + "\n§\n" + "b" * 70
+    outcome = apply(drifted, action="add", content="b" * 78)  # 101: the tool's own entries must still fit
+    assert outcome.reply["code"] == "over_budget" and outcome.text is None
+
+
 # -- sanitised echoes ----------------------------------------------------------------------------
 
 POISONED = [NOTES[0], INJECTION, NOTES[2]]

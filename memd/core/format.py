@@ -28,21 +28,27 @@ def _is_edge(char: str) -> bool:
 
 def _trim(piece: str, *, stray_delimiter: bool = False) -> str:
     """`piece` without whitespace (or stray BOMs) at either end; with `stray_delimiter`, also
-    without trailing lines holding only '§'.
+    without lines holding only '§' at either end.
 
-    Such a line cannot end an entry: rewritten before the next delimiter it would fuse with it
-    and move text into the next entry. Index arithmetic keeps this linear on any input.
+    Such a line is never content, only a stray delimiter: rewritten next to a delimiter it would
+    fuse with it and move text into the neighbouring entry. Index arithmetic keeps this linear.
     """
     start, end = 0, len(piece)
-    while start < end and _is_edge(piece[start]):
-        start += 1
     while True:
+        while start < end and _is_edge(piece[start]):
+            start += 1
         while end > start and _is_edge(piece[end - 1]):
             end -= 1
-        if stray_delimiter and end - 2 >= start and piece[end - 2:end] == "\n§":
+        if not stray_delimiter:
+            return piece[start:end]
+        if end - start == 1 and piece[start] == "§":
+            return ""
+        if end - start >= 2 and piece.startswith("§\n", start):
+            start += 2
+        elif end - start >= 2 and piece[end - 2:end] == "\n§":
             end -= 2
-            continue
-        return piece[start:end]
+        else:
+            return piece[start:end]
 
 
 def _pieces(text: str, *, stray_delimiter: bool = True) -> list[str]:
@@ -62,7 +68,8 @@ def normalise_entry(text: str) -> str:
 
 
 def has_delimiter_line(entry: str) -> bool:
-    """Whether `entry` holds a line that is only '§': written, it would become several entries."""
+    """Whether `entry` holds a line that is only '§': written, it would become several entries,
+    or lose that line (parsed entries never hold one)."""
     return "§" in entry.split("\n")
 
 
@@ -78,7 +85,7 @@ def append_entry(text: str, entry: str) -> str:
     while end and _is_edge(kept[end - 1]):
         end -= 1
     # Only the end is trimmed: a leading "\n§\n" is a delimiter, which trimming would turn into
-    # a '§' line glued to the first entry.
+    # a '§' line at the start of the first entry.
     kept = kept[:end]
     if not kept:
         return entry

@@ -5,8 +5,11 @@ A `Client` is not thread-safe (ZeroMQ sockets are not); give each thread its own
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -66,8 +69,11 @@ def _default_home() -> Path:
 
 
 def autostart_enabled(endpoint: str | None) -> bool:
-    """Autostart serves the common case: the default endpoint, unless MEMD_AUTOSTART=0."""
-    return endpoint is None and os.environ.get("MEMD_AUTOSTART", "1").strip().lower() not in ("0", "no", "false", "off")
+    """Autostart serves the common case: no endpoint given (so `$MEMD_ENDPOINT` or the runtime
+    dir), unless MEMD_AUTOSTART is 0, no, false or off. A daemon at an endpoint named
+    explicitly is someone else's to run."""
+    switched_off = os.environ.get("MEMD_AUTOSTART", "1").strip().lower() in ("0", "no", "false", "off")
+    return endpoint is None and not switched_off
 
 
 class Client:
@@ -165,10 +171,13 @@ class Client:
         raise error_type(failure.code, failure.message)
 
     def _daemon_present(self) -> bool:
-        """Whether something is bound at an ipc endpoint (a cheap check, before any waiting)."""
-        if not self.endpoint.startswith("ipc://"):
-            return True
-        return Path(self.endpoint[len("ipc://"):]).exists()
+        """Whether a daemon listens at the endpoint: checked before a call that may autostart.
+
+        For ipc this is a connection attempt, because a socket file left behind by a crashed
+        daemon refuses connections: its existence proves nothing. tcp endpoints are never
+        autostarted, so they count as present.
+        """
+        return not daemon_absent(self.endpoint)
 
     # -- the API ----------------------------------------------------------------------------
 
@@ -273,29 +282,135 @@ class Session:
 
 
 def start_daemon(endpoint: str, timeout: float) -> None:
-    """Start `memd serve` detached and wait until its socket exists.
+    """Start memd for an ipc `endpoint` and wait until it accepts connections.
 
-    Two clients may race here; the daemon's own lock lets exactly one of them serve, and the
-    other exits at once, so both clients end up talking to the same daemon.
+    When memd's systemd user unit is installed for this endpoint, the service manager is asked
+    to start it: a daemon started beside it would hold the home and keep the service out.
+    Otherwise `memd serve` is started detached (its own session, output to a log beside the
+    socket). Clients may race here: the daemon's home lock lets one daemon serve and makes the
+    others exit at once, so every racing client waits for whichever daemon won.
     """
-    command = shutil.which("memd")
-    argv = [command] if command else [sys.executable, "-m", "memd"]
-    argv += ["serve", "--endpoint", endpoint]
-    log_path = Path(endpoint[len("ipc://"):]).with_suffix(".log") if endpoint.startswith("ipc://") else None
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(log_path or os.devnull, "ab") as log:
-        subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+    wait = max(timeout, 10.0)
+    if _start_service(endpoint, wait):
+        return
+    argv = [*_memd_command(), "serve", "--endpoint", endpoint]
+    log_path = Path(endpoint[len("ipc://"):]).with_suffix(".log")
+    log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # An agent run by systemd passes on its own service's variables; with them the daemon
+    # would report readiness to the agent's service manager as if it were the agent.
+    environment = {key: value for key, value in os.environ.items() if key not in _SERVICE_VARIABLES}
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=environment,
             start_new_session=True, close_fds=True,
         )
-    deadline = time.monotonic() + max(timeout, 5.0)
-    path = Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
+    deadline = time.monotonic() + wait
+    no_winner_since: float | None = None
     while time.monotonic() < deadline:
-        if path is None or path.exists():
+        if _listening(endpoint):
             return
+        status = process.poll()
+        if status is not None:
+            holder = _home_holder()
+            if holder is not None and holder.get("pid") != process.pid:
+                if holder.get("endpoint") != endpoint:
+                    raise DaemonUnavailable(
+                        f"memd already runs for home {_default_home()} (pid {holder.get('pid')}) at "
+                        f"{holder.get('endpoint')}, not at {endpoint}: set MEMD_ENDPOINT={holder.get('endpoint')}, "
+                        "or stop that daemon"
+                    )
+                no_winner_since = None  # ours lost the race; the winner is still coming up
+            elif no_winner_since is None:
+                no_winner_since = time.monotonic()
+            elif time.monotonic() - no_winner_since > 1.0:  # room for a winner to write down its pid
+                raise DaemonUnavailable(
+                    f"memd could not start (`{' '.join(argv)}` exited with status {status}):\n"
+                    f"{_tail(log_path)}\n(log: {log_path})"
+                )
         time.sleep(0.02)
     raise DaemonUnavailable(
-        f"started `{' '.join(argv)}` but it did not come up within {max(timeout, 5.0):g}s"
-        + (f"; see {log_path}" if log_path else "")
+        f"started `{' '.join(argv)}`, but it did not accept connections within {wait:g}s; see {log_path}"
     )
+
+
+SERVICE_UNIT = "memd.service"
+_SERVICE_VARIABLES = frozenset({
+    "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES",
+    "RUNTIME_DIRECTORY",
+})
+
+
+def daemon_absent(endpoint: str) -> bool:
+    """True when no daemon can be at `endpoint`: an ipc socket that refuses connections, or
+    none at all. A tcp endpoint can only be checked by asking, so it is never called absent."""
+    return endpoint.startswith("ipc://") and not _listening(endpoint)
+
+
+def _listening(endpoint: str) -> bool:
+    """Whether a process accepts connections at an ipc endpoint right now."""
+    if not hasattr(socket, "AF_UNIX"):
+        return False
+    path = endpoint[len("ipc://"):]
+    # ZeroMQ spells Linux's abstract socket namespace with a leading '@'.
+    address = "\0" + path[1:] if path.startswith("@") else path
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(address)
+        except OSError:
+            return False
+    return True
+
+
+def _start_service(endpoint: str, wait: float) -> bool:
+    """Start memd's systemd user service if one is installed for this endpoint; True once it
+    listens. False sends the caller to start memd itself (no unit, no systemctl, no user
+    manager, or a service that would not start)."""
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "systemd" / "user"
+    installed = (config / SERVICE_UNIT).exists() or (config / "default.target.wants" / SERVICE_UNIT).exists()
+    service_endpoint = f"ipc://{wire.runtime_dir() / 'memd' / 'memd.sock'}"
+    systemctl = shutil.which("systemctl")
+    if not installed or endpoint != service_endpoint or systemctl is None:
+        return False
+    try:
+        started = subprocess.run(
+            [systemctl, "--user", "start", SERVICE_UNIT], stdin=subprocess.DEVNULL,
+            capture_output=True, timeout=wait,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return started.returncode == 0 and _listening(endpoint)
+
+
+def _memd_command() -> list[str]:
+    """The memd of this environment when the daemon package is importable here (so client
+    and daemon match), else `memd` on PATH."""
+    if importlib.util.find_spec("memd") is not None:
+        return [sys.executable, "-m", "memd"]
+    found = shutil.which("memd")
+    if found is None:
+        raise DaemonUnavailable(
+            "memd is not running, and it is not installed here to be started: install it "
+            "(pip install memd), or set MEMD_ENDPOINT to a running daemon"
+        )
+    return [found]
+
+
+def _home_holder() -> dict[str, Any] | None:
+    """The live daemon holding the memory home, as its lock file names it (pid, endpoint)."""
+    try:
+        holder = json.loads((_default_home() / "memd" / "daemon.lock").read_text(encoding="utf-8"))
+        pid = int(holder["pid"])
+        os.kill(pid, 0)
+    except PermissionError:
+        return holder  # alive, though not ours to signal
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return holder
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
 import os
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,31 @@ if IS_WINDOWS:
     import msvcrt
 else:
     import fcntl
+
+
+def _load_renameat2() -> object | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a libc before glibc 2.28
+        return None
+
+
+_RENAMEAT2 = _load_renameat2()
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(first: str, second: str) -> bool:
+    """Swap two paths atomically (Linux renameat2); False where the system cannot."""
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False  # this filesystem cannot exchange
+    raise OSError(code, os.strerror(code), second)
 
 
 class DurabilityError(Exception):
@@ -86,21 +114,99 @@ def write_durably(path: Path, text: str) -> bytes:
     directory is fsynced so the rename itself is durable. Any failure raises DurabilityError and
     leaves the old file in place.
     """
+    return prepare_write(path, text).publish()
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedWrite:
+    """New content for `path`, durable in a temp file beside it, not yet renamed over it.
+
+    The split lets a writer look at the store once more just before the rename: writing and
+    fsyncing the temp file is the long part, and programs that do not take the lock (a shell's
+    `>>`, an editor) may change the store meanwhile.
+    """
+
+    path: Path
+    temp_name: str
+    raw: bytes
+
+    def publish(self) -> bytes:
+        try:
+            os.replace(self.temp_name, self.path)
+            fsync_directory(self.path.parent)
+        except OSError as error:
+            self.discard()
+            raise DurabilityError(f"could not durably write {self.path}: {error}") from error
+        return self.raw
+
+    def publish_over(self, expected_digest: str) -> Displaced | None:
+        """Publish; on Linux by swapping the new file in atomically, which leaves the version it
+        displaced at hand (None elsewhere, or when there was no store to displace).
+
+        A program that ignores the lock and saves between the caller's last look (whose digest
+        is `expected_digest`) and the swap, or is still appending to the file it opened before,
+        loses nothing: see `Displaced`.
+        """
+        try:
+            exchanged = _exchange(self.temp_name, str(self.path))
+        except FileNotFoundError:
+            exchanged = False  # no store to displace: a plain rename creates it
+        except OSError as error:
+            self.discard()
+            raise DurabilityError(f"could not durably write {self.path}: {error}") from error
+        if not exchanged:
+            self.publish()
+            return None
+        try:
+            fd = os.open(self.temp_name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            os.unlink(self.temp_name)
+            fsync_directory(self.path.parent)
+        except OSError as error:
+            raise DurabilityError(f"could not durably write {self.path}: {error}") from error
+        return Displaced(fd, expected_digest, time.monotonic())
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.temp_name)
+
+
+@dataclass(slots=True)
+class Displaced:
+    """The version of a store that a write swapped out, held open for a moment after: a program
+    that opened the store before the swap may still be writing into it."""
+
+    fd: int
+    digest: str  # of the content it held when last looked at
+    since: float  # time.monotonic() of the swap
+
+    def look(self) -> bytes | None:
+        """Its content when it changed since last looked at (the first look compares with what
+        the writer expected to replace), else None."""
+        raw = os.pread(self.fd, MAX_STORE_BYTES + 1, 0)
+        found = digest_of(raw)
+        if found == self.digest:
+            return None
+        self.digest = found
+        return raw
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def prepare_write(path: Path, text: str) -> PreparedWrite:
     raw = text.encode("utf-8")
-    directory = path.parent
-    fd, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(raw)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp_name, path)
-        fsync_directory(directory)
     except OSError as error:
         with contextlib.suppress(OSError):
             os.unlink(temp_name)
         raise DurabilityError(f"could not durably write {path}: {error}") from error
-    return raw
+    return PreparedWrite(path, temp_name, raw)
 
 
 def lock_path_for(store: Path) -> Path:

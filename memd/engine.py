@@ -27,10 +27,13 @@ from memd.core.render import FILENAMES, render_block
 from memd.core.store import (
     TARGETS, MemoryCall, Outcome, Step, StoreView, apply_call, count_failure, parse_call,
 )
-from memd.disk import digest_of, latest_backup, read_store, store_lock, write_backup, write_durably
+from memd.disk import Displaced, PreparedWrite, digest_of, latest_backup, prepare_write, read_store, store_lock, write_backup
 from memd.journal import Journal
 
 log = logging.getLogger("memd.engine")
+# Times a group is applied again because a program that ignores the lock changed a store while it
+# was being rewritten; after that the write goes ahead (the file is being rewritten non-stop).
+MAX_WRITE_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +167,7 @@ class Engine:
             target: StoreState(target, self.memory_dir / FILENAMES[target], self.settings.limits[target])
             for target in TARGETS
         }
+        self.displaced: list[tuple[StoreState, Displaced]] = []  # see _look_at_displaced
         self.journal = Journal(state_dir(self.home) / "journal.jsonl", self.settings.journal_days)
         self.journal.rotate(clock())
         for state in self.stores.values():
@@ -228,45 +232,81 @@ class Engine:
             parsed.append((session, parse_call(args), origins[index] if origins else None))
         targets = sorted({call.target for _, call, _ in parsed if isinstance(call, MemoryCall)})
         events: list[Event] = []
-        results: list[dict[str, Any]] = []
         with ExitStack() as locks:
             for target in targets:
                 state = self.stores[target]
                 locks.enter_context(store_lock(state.path))
                 events.extend(self._sync(state))  # never rewrite what we have not seen
-            views = {target: self.stores[target].view() for target in targets}
-            pending: dict[str, Outcome] = {}
-            for session, call, origin in parsed:
-                if not isinstance(call, MemoryCall):
-                    results.append(call)
-                    continue
-                if session.closed:
-                    results.append(replies.invalid("This session is closed; open a new one."))
-                    continue
-                # Undo and restore may bring a store back to empty, as it once was.
-                outcome = apply_call(call, views[call.target], allow_empty=origin is not None)
-                session.failures, reply = count_failure(session.failures, outcome, call.dry_run)
-                results.append(reply)
-                if outcome.text is not None:
-                    views[call.target] = replace(
-                        views[call.target], entries=outcome.entries or (), text=outcome.text,
-                    )
-                    pending[call.target] = outcome
-                    events.append(Event(
-                        "store_changed", call.target, reply["usage"], session.name,
-                        steps=outcome.steps, time=now, after=outcome.entries or (),
-                        action=origin.action if origin else _action_of(call),
-                        undo_of=origin.undo_of if origin else None,
-                    ))
-            for target, outcome in pending.items():
-                events.extend(self._commit(self.stores[target], outcome.text or "", now))
+            for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
+                failures = [session.failures for session, _, _ in parsed]
+                results, changes, pending = self._apply(parsed, targets, now)
+                writes = {
+                    target: prepare_write(self.stores[target].path, outcome.text or "")
+                    for target, outcome in pending.items()
+                }
+                # Shells and editors do not take the lock: a change made while the new text was
+                # being made durable is taken in and the calls applied again, not overwritten.
+                moved = [
+                    target for target in writes
+                    if read_store(self.stores[target].path).digest != self.stores[target].digest
+                ]
+                if not moved or attempt == MAX_WRITE_ATTEMPTS:
+                    break
+                for write in writes.values():
+                    write.discard()
+                for (session, _, _), count in zip(parsed, failures):
+                    session.failures = count
+                for target in moved:
+                    log.info("%s changed while being rewritten; applying the calls again", self.stores[target].path)
+                    events.extend(self._sync(self.stores[target]))
+            events.extend(changes)
+            for target, write in writes.items():
+                events.extend(self._commit(self.stores[target], write, pending[target].text or "", now))
             self._record(events)
         self.counters.operations += len(calls)
         self._emit(events)
         return results
 
-    def _commit(self, state: StoreState, text: str, now: float) -> list[Event]:
-        raw = write_durably(state.path, text)
+    def _apply(
+        self, parsed: Sequence[tuple[Session, MemoryCall | dict[str, Any], Origin | None]],
+        targets: Sequence[str], now: float,
+    ) -> tuple[list[dict[str, Any]], list[Event], dict[str, Outcome]]:
+        """Replies, change events and the final outcome per store of `parsed`, applied in order
+        to the stores as last read. Nothing is written."""
+        results: list[dict[str, Any]] = []
+        events: list[Event] = []
+        views = {target: self.stores[target].view() for target in targets}
+        pending: dict[str, Outcome] = {}
+        for session, call, origin in parsed:
+            if not isinstance(call, MemoryCall):
+                results.append(call)
+                continue
+            if session.closed:
+                results.append(replies.invalid("This session is closed; open a new one."))
+                continue
+            # Undo and restore may bring a store back to empty, as it once was.
+            outcome = apply_call(call, views[call.target], allow_empty=origin is not None)
+            session.failures, reply = count_failure(session.failures, outcome, call.dry_run)
+            results.append(reply)
+            if outcome.text is not None:
+                views[call.target] = replace(
+                    views[call.target], entries=outcome.entries or (), text=outcome.text,
+                )
+                pending[call.target] = outcome
+                events.append(Event(
+                    "store_changed", call.target, reply["usage"], session.name,
+                    steps=outcome.steps, time=now, after=outcome.entries or (),
+                    action=origin.action if origin else _action_of(call),
+                    undo_of=origin.undo_of if origin else None,
+                ))
+        return results, events, pending
+
+    def _commit(self, state: StoreState, write: PreparedWrite, text: str, now: float) -> list[Event]:
+        displaced = write.publish_over(state.digest or digest_of(b""))
+        if displaced is not None:
+            self.displaced.append((state, displaced))
+        self._look_at_displaced(now)
+        raw = write.raw
         self.counters.writes += 1
         state.digest = digest_of(raw)
         state.text = text
@@ -278,9 +318,30 @@ class Engine:
 
     # -- changes from outside --------------------------------------------------------------
 
+    def _look_at_displaced(self, now: float) -> None:
+        """Back up whatever a program that ignores the lock wrote into a version of a store that
+        one of our writes swapped out: saved in the instant before the swap, or appended by a
+        program that still had the old file open. Each is watched for a second, the last few
+        until the next look."""
+        kept = []
+        for index, (state, displaced) in enumerate(self.displaced):
+            raw = displaced.look()
+            if raw is not None:
+                state.last_backup = str(write_backup(state.path, raw, now))
+                log.warning(
+                    "%s was changed outside memd as memd rewrote it; that version is saved in %s",
+                    state.path, state.last_backup,
+                )
+            if time.monotonic() - displaced.since > 1.0 or index < len(self.displaced) - 8:
+                displaced.close()
+            else:
+                kept.append((state, displaced))
+        self.displaced = kept
+
     def check_external(self, targets: Iterable[str] = TARGETS) -> list[Event]:
         """Look at the files now (a watch event or the periodic rescan) and take in any change
         made outside this engine. Reading needs no lock: stores are replaced atomically."""
+        self._look_at_displaced(self.clock())
         events: list[Event] = []
         for target in targets:
             events.extend(self._sync(self.stores[target]))

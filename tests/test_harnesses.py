@@ -1,0 +1,98 @@
+"""The proof harnesses in small: crash, concurrency, bad input, soak and drift (scripts/*.py).
+
+Each test runs the harness's own function with small parameters against real daemons and fails
+on any violation it reports. Then come regression tests for the bugs the harnesses found, made
+deterministic by doing the outside edit exactly inside the window the harness hit by chance.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import memd.engine as engine_module
+from memd.core.format import DELIMITER, parse_entries
+from memd.disk import PreparedWrite
+from memd.engine import Engine
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+
+# -- regressions ---------------------------------------------------------------------------------
+
+
+def store_of(engine: Engine) -> Path:
+    return engine.stores["memory"].path
+
+
+def backups_of(engine: Engine) -> list[bytes]:
+    path = store_of(engine)
+    return [backup.read_bytes() for backup in path.parent.glob(f"{path.name}.bak.*")]
+
+
+def test_an_unlocked_append_while_a_rewrite_is_made_durable_is_taken_in_not_overwritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # drift.py: a shell `>>` between memd's re-read under the lock and its rename was lost.
+    engine = Engine(tmp_path)
+    session = engine.open_session("test")
+    session.memory(action="add", content="first fact")
+    real_prepare = engine_module.prepare_write
+    appended = []
+
+    def prepare_while_a_shell_appends(path: Path, text: str) -> PreparedWrite:
+        prepared = real_prepare(path, text)
+        if not appended:
+            with open(path, "ab") as shell:
+                shell.write(b"\n\xc2\xa7\nappended by a shell")
+            appended.append(True)
+        return prepared
+
+    monkeypatch.setattr(engine_module, "prepare_write", prepare_while_a_shell_appends)
+    reply = session.memory(action="replace", old_text="first fact", content="second fact")
+    assert reply["code"] == "ok"
+    assert parse_entries(store_of(engine).read_text(encoding="utf-8")) == ["second fact", "appended by a shell"]
+    assert engine.entries("memory") == ["second fact", "appended by a shell"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the atomic swap is Linux's renameat2")
+def test_an_editor_save_in_the_instant_before_the_rename_is_kept_in_a_backup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = Engine(tmp_path)
+    session = engine.open_session("test")
+    session.memory(action="add", content="first fact")
+    real_publish = PreparedWrite.publish_over
+
+    def editor_saves_first(self: PreparedWrite, expected_digest: str):  # type: ignore[no-untyped-def]
+        saved = self.path.with_name(".editor.swp")
+        saved.write_bytes("first fact\n§\nsaved by an editor".encode())
+        os.replace(saved, self.path)
+        return real_publish(self, expected_digest)
+
+    monkeypatch.setattr(PreparedWrite, "publish_over", editor_saves_first)
+    assert session.memory(action="add", content="second fact")["code"] == "ok"
+    assert any(b"saved by an editor" in backup for backup in backups_of(engine))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the atomic swap is Linux's renameat2")
+def test_an_append_into_the_file_a_rewrite_displaced_is_kept_in_a_backup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # drift.py: a 500 kB `>>` that had opened the old file before the swap wrote into it after.
+    engine = Engine(tmp_path)
+    session = engine.open_session("test")
+    session.memory(action="add", content="first fact")
+    real_publish = PreparedWrite.publish_over
+    slow_shell = []
+
+    def shell_opens_first(self: PreparedWrite, expected_digest: str):  # type: ignore[no-untyped-def]
+        slow_shell.append(open(self.path, "ab"))  # noqa: SIM115 - written to after the swap
+        return real_publish(self, expected_digest)
+
+    monkeypatch.setattr(PreparedWrite, "publish_over", shell_opens_first)
+    assert session.memory(action="add", content="second fact")["code"] == "ok"
+    with slow_shell[0] as shell:
+        shell.write(b"\n\xc2\xa7\nappended through the old file")
+    engine.check_external()  # the daemon does this on every rescan
+    assert any(b"appended through the old file" in backup for backup in backups_of(engine))
+    assert engine.entries("memory") == ["first fact", "second fact"]
+

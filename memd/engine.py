@@ -367,10 +367,14 @@ class Engine:
         was_unreadable = state.unreadable is not None
         state.unreadable = None
         text = found.text or ""
-        if not found.exists and state.text.strip() and not first_load:
-            # The file was deleted: keep what it held, which nothing else has a copy of.
+        if not text.strip() and state.text.strip() and not first_load:
+            # The file was deleted or emptied (`: > MEMORY.md`, a crashed editor): keep what it
+            # held, which nothing else has a copy of.
             state.last_backup = str(write_backup(state.path, state.text.encode("utf-8"), now))
-            log.warning("%s was deleted; its last content is saved in %s", state.path, state.last_backup)
+            log.warning(
+                "%s was %s; its last content is saved in %s",
+                state.path, "emptied" if found.exists else "deleted", state.last_backup,
+            )
         reason = drift_reason(text, state.limit)
         previous_drift = state.drift
         previous_entries = state.entries

@@ -96,3 +96,14 @@ def test_an_append_into_the_file_a_rewrite_displaced_is_kept_in_a_backup(tmp_pat
     assert any(b"appended through the old file" in backup for backup in backups_of(engine))
     assert engine.entries("memory") == ["first fact", "second fact"]
 
+
+def test_a_store_emptied_from_outside_keeps_its_last_content_in_a_backup(tmp_path: Path) -> None:
+    # drift.py: `: > MEMORY.md` lost every entry silently, while deleting the file kept a backup.
+    engine = Engine(tmp_path)
+    session = engine.open_session("test")
+    for fact in ("first fact", "second fact"):
+        session.memory(action="add", content=fact)
+    os.truncate(store_of(engine), 0)
+    engine.check_external()
+    assert engine.entries("memory") == []
+    assert DELIMITER.join(["first fact", "second fact"]).encode() in backups_of(engine)

@@ -209,6 +209,18 @@ def prepare_write(path: Path, text: str) -> PreparedWrite:
     return PreparedWrite(path, temp_name, raw)
 
 
+def remove_temp_files(store: Path) -> int:
+    """Delete the temp files a writer killed mid-write left beside `store` (memd's own names,
+    `.MEMORY.md.*.tmp`; Hermes uses others). Call with the store's lock held: a live writer's
+    temp file only exists while it holds the lock. Returns how many were removed."""
+    removed = 0
+    for temp in store.parent.glob(f".{store.name}.*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+            removed += 1
+    return removed
+
+
 def lock_path_for(store: Path) -> Path:
     return store.with_name(store.name + ".lock")
 

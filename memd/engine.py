@@ -27,7 +27,10 @@ from memd.core.render import FILENAMES, render_block
 from memd.core.store import (
     TARGETS, MemoryCall, Outcome, Step, StoreView, apply_call, count_failure, parse_call,
 )
-from memd.disk import Displaced, PreparedWrite, digest_of, latest_backup, prepare_write, read_store, store_lock, write_backup
+from memd.disk import (
+    Displaced, PreparedWrite, digest_of, latest_backup, prepare_write, read_store, remove_temp_files, store_lock,
+    write_backup,
+)
 from memd.journal import Journal
 
 log = logging.getLogger("memd.engine")
@@ -174,6 +177,9 @@ class Engine:
             newest = latest_backup(state.path)
             state.last_backup = str(newest) if newest else None
             with store_lock(state.path):
+                removed = remove_temp_files(state.path)
+                if removed:
+                    log.info("removed %d temp file(s) left beside %s by a write that was cut short", removed, state.path)
                 events = self._sync(state)
                 events.extend(self._baseline(state))
                 self._record(events)

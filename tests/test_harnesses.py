@@ -107,3 +107,18 @@ def test_a_store_emptied_from_outside_keeps_its_last_content_in_a_backup(tmp_pat
     engine.check_external()
     assert engine.entries("memory") == []
     assert DELIMITER.join(["first fact", "second fact"]).encode() in backups_of(engine)
+
+
+def test_temp_files_left_by_a_killed_write_are_removed_at_start(tmp_path: Path) -> None:
+    # crashtest.py: a SIGKILL during a write leaves `.MEMORY.md.<random>.tmp`; one per crash.
+    memories = tmp_path / "memories"
+    memories.mkdir()
+    (memories / "MEMORY.md").write_text("kept", encoding="utf-8")
+    left = [memories / ".MEMORY.md.k1ll3d.tmp", memories / ".USER.md.k1ll3d.tmp"]
+    hermes_temp = memories / ".mem_abc123.tmp"  # Hermes's own name: not memd's to remove
+    for path in (*left, hermes_temp):
+        path.write_text("half a write", encoding="utf-8")
+    engine = Engine(tmp_path)
+    assert not any(path.exists() for path in left)
+    assert hermes_temp.exists()
+    assert engine.entries("memory") == ["kept"]

@@ -7,8 +7,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from memd.core.format import (
-    DELIMITER, append_entry, drift_reason, has_delimiter_line, normalise_entry, normalise_text, parse_entries,
-    serialise_entries, total_chars, usage_text,
+    append_entry,
+    drift_reason,
+    has_delimiter_line,
+    normalise_entry,
+    normalise_text,
+    parse_entries,
+    serialise_entries,
+    total_chars,
+    usage_text,
 )
 
 # Characters that matter to the format, mixed into arbitrary text so hypothesis meets them often.

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memd.core.format import normalise_entry, parse_entries, serialise_entries, total_chars, usage_text
+from memd.core.format import (
+    normalise_entry,
+    parse_entries,
+    serialise_entries,
+    total_chars,
+    usage_text,
+)
 from memd.core.replies import CODES
 from memd.core.scan import scan
 from memd.core.store import count_failure, match_entry, parse_call

@@ -40,7 +40,15 @@ log = logging.getLogger("memd.server")
 HARD_FRAME_LIMIT = 16 * wire.MAX_FRAME_BYTES
 DRAIN_LIMIT = 512  # requests taken per wake-up, so a flood cannot starve the watch or signals
 REPLY_CACHE_SIZE = 8192
+# ...and at most this many bytes of them: one reply can be large (the entries of a huge drifted
+# store), and a client must not be able to make the daemon hold thousands of those.
+REPLY_CACHE_BYTES = 16 * 1024 * 1024
+# Refusals quote what they refuse; a quote of a megabyte of client text helps nobody.
+MAX_MESSAGE_CHARS = 2000
 MAX_SESSIONS_PER_PROFILE = 10_000
+# Each profile served costs an engine and a file watch (a thread), kept for the daemon's life, so
+# requests naming more profiles than a person has are refused rather than allowed to add up.
+MAX_PROFILES = 64
 
 
 class Refused(Exception):
@@ -78,6 +86,7 @@ class Daemon:
         self.publish_endpoint = wire.publish_endpoint(endpoint)
         self.engines: dict[str | None, Engine] = {}
         self.reply_cache: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self.reply_cache_bytes = 0
         self.seq = 0
         self.stats = Stats()
         self.stopping = False
@@ -346,9 +355,10 @@ class Daemon:
         raise Refused(f"unsupported request {type(request).__name__}")
 
     def answer(self, peers: list[bytes], request_id: str, reply: bytes) -> None:
+        self.reply_cache_bytes += len(reply) - len(self.reply_cache.pop(request_id, b""))
         self.reply_cache[request_id] = reply
-        if len(self.reply_cache) > REPLY_CACHE_SIZE:
-            self.reply_cache.popitem(last=False)
+        while len(self.reply_cache) > REPLY_CACHE_SIZE or self.reply_cache_bytes > REPLY_CACHE_BYTES:
+            self.reply_cache_bytes -= len(self.reply_cache.popitem(last=False)[1])
         for peer in peers:
             self.send(peer, reply)
 
@@ -365,7 +375,10 @@ class Daemon:
 
     @staticmethod
     def failure_reply(request_id: str, problem: Refused) -> bytes:
-        failure = wire.Failure(code=problem.code, message=str(problem))
+        message = str(problem)
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + f"… [{len(message) - MAX_MESSAGE_CHARS:,} more characters cut]"
+        failure = wire.Failure(code=problem.code, message=message)
         return wire.encoder.encode(wire.Reply(id=request_id, ok=False, error=failure))
 
     # -- engines and sessions ---------------------------------------------------------------
@@ -374,6 +387,11 @@ class Daemon:
         engine = self.engines.get(profile)
         if engine is not None:
             return engine
+        if len(self.engines) >= MAX_PROFILES:
+            raise Refused(
+                f"profile {profile!r}: this daemon already serves {MAX_PROFILES} profiles, the most it "
+                "will; check the profile name"
+            )
         try:
             home = profile_home(self.home, profile)
             settings = self.settings if profile is None else load_settings(home)

@@ -122,3 +122,51 @@ def test_temp_files_left_by_a_killed_write_are_removed_at_start(tmp_path: Path) 
     assert not any(path.exists() for path in left)
     assert hermes_temp.exists()
     assert engine.entries("memory") == ["kept"]
+
+
+def test_made_up_profiles_are_refused_beyond_a_bound() -> None:
+    # fuzz.py: every profile name a client sent cost a directory, an engine and a watch thread,
+    # for the daemon's life (2,500 names: 2,507 threads).
+    from harness_common import running_daemon
+
+    from memd.server import MAX_PROFILES
+    from memd_client import RequestRefused
+
+    with running_daemon() as daemon, daemon.client() as client:
+        refused = 0
+        for number in range(MAX_PROFILES + 5):
+            try:
+                client.status(profile=f"made-up-{number}")
+            except RequestRefused as error:
+                assert error.code == "invalid"
+                refused += 1
+        assert refused == 6  # the home's own engine counts too
+        assert len(client.status()["profiles"]) == MAX_PROFILES
+        assert client.entries("memory", profile="made-up-1") == []  # those served still are
+
+
+def test_the_reply_cache_is_bounded_in_bytes_and_refusals_do_not_quote_megabytes(tmp_path: Path) -> None:
+    # fuzz.py: refusals quoted the client's megabyte strings, and 8,192 of them stayed cached
+    # (RSS 33 -> 157 MB in 20,000 hostile frames).
+    from memd.config import Settings
+    from memd.server import MAX_MESSAGE_CHARS, REPLY_CACHE_BYTES, Daemon, Refused
+
+    class Socket:
+        def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
+            pass
+
+    refusal = Daemon.failure_reply("id", Refused(f"unknown target {'t' * 1_000_000!r}"))
+    assert len(refusal) < MAX_MESSAGE_CHARS + 200
+    daemon = Daemon(Settings(home=tmp_path), "ipc://unused")
+    try:
+        daemon.router = Socket()  # type: ignore[assignment]
+        for number in range(100):
+            daemon.answer([b"peer"], f"request-{number}", b"r" * 1_000_000)
+        assert daemon.reply_cache_bytes == sum(len(reply) for reply in daemon.reply_cache.values())
+        assert daemon.reply_cache_bytes <= REPLY_CACHE_BYTES
+        assert "request-99" in daemon.reply_cache  # the newest are kept
+    finally:
+        daemon.router = None
+        daemon.context.term()
+        os.close(daemon.watch.wake_read)
+        os.close(daemon.watch.wake_write)

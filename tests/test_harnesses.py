@@ -22,6 +22,45 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 
+# -- the harnesses, small -------------------------------------------------------------------------
+
+
+def test_crashtest_acknowledged_writes_survive_sigkill_and_nothing_is_half_applied() -> None:
+    from crashtest import run_crashtest
+
+    report = run_crashtest(cycles=6, writers=3, max_kill_delay=0.4, seed=20240601)
+    assert report.ok, report.render()
+    assert report.figures["cycles run"] == 6
+
+
+def test_concurrency_loses_no_update_among_client_processes_and_a_hermes_writer() -> None:
+    from concurrency import run_concurrency
+
+    report = run_concurrency(clients=6, seconds=3.0, external_interval=0.05, seed=20240602)
+    assert report.ok, report.render()
+
+
+def test_fuzz_hostile_frames_never_crash_the_daemon_or_disturb_valid_requests() -> None:
+    from fuzz import run_fuzz
+
+    report = run_fuzz(frames=4000, giants=1, seed=20240603)
+    assert report.ok, report.render()
+
+
+def test_soak_abandoned_sessions_expire_and_memory_and_latency_stay_flat() -> None:
+    from soak import run_soak
+
+    report = run_soak(minutes=0.25, sample_seconds=1.0, open_rate=20.0, write_rate=20.0, external_interval=0.5, seed=20240604, echo=False)
+    assert report.ok, report.render()
+
+
+def test_drift_outside_edits_are_adopted_or_backed_up_and_never_overwritten() -> None:
+    from drift import run_drift
+
+    report = run_drift(rounds=2, seed=20240605)
+    assert report.ok, report.render()
+
+
 # -- regressions ---------------------------------------------------------------------------------
 
 

@@ -224,8 +224,8 @@ def status_lines(status: Mapping[str, Any]) -> list[str]:
         f"sessions   {status['sessions']} open" + (
             f" ({status['sessions_all_profiles']} across profiles)"
             if status["sessions_all_profiles"] != status["sessions"] else ""),
-        f"served     {status['operations']:,} memory operations, {status['writes']:,} writes, "
-        f"{status['requests']:,} requests",
+        f"served     {count(status['operations'], 'memory operation')}, {count(status['writes'], 'write')}, "
+        f"{count(status['requests'], 'request')}",
     ]
     drifts: list[str] = []
     backups: list[str] = []
@@ -518,7 +518,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         lines.append(f"{label:<8} {check.name:<12} {check.detail}")
         if check.fix and check.status != "ok":
             lines.append(f"{'':<8} {'':<12} fix: {check.fix}")
-    lines.append(f"{problems} problem(s), {warnings} warning(s)." if problems or warnings else "All good.")
+    lines.append(f"{count(problems, 'problem')}, {count(warnings, 'warning')}." if problems or warnings else "All good.")
     emit(args, {"ok": problems == 0, "problems": problems, "warnings": warnings,
                 "checks": [check.to_json() for check in checks]}, lines)
     return EXIT_REFUSED if problems else EXIT_OK

@@ -16,7 +16,7 @@ from memd.config import DEFAULT_LIMITS, LIMIT_KEYS, ConfigError, Settings, load_
 from memd.core.format import drift_reason, parse_entries, total_chars, usage_text
 from memd.core.render import FILENAMES
 from memd.disk import latest_backup, lock_path_for, read_store
-from memd.display import age, backup_time, duration
+from memd.display import age, backup_time, count, duration
 from memd.service import UNIT_NAME, default_unit_dir, service_endpoint, systemctl
 from memd_client import Client, MemdError
 from memd_client.client import daemon_absent
@@ -214,10 +214,10 @@ def check_stores(context: Context, status: Mapping[str, Any] | None) -> Iterator
         else:
             yield Check(name, "ok", f"{usage_text(chars, limit)}, clean")
         if last_backup:
-            count = len(list(store.parent.glob(f"{name}.bak.*")))
+            backups = len(list(store.parent.glob(f"{name}.bak.*")))
             when = backup_time(last_backup)
             yield Check("backups", "info",
-                        f"{count} backup(s) of {name}, latest {last_backup}" + (f" ({age(when)})" if when else "")
+                        f"{count(backups, 'backup')} of {name}, latest {last_backup}" + (f" ({age(when)})" if when else "")
                         + "; delete them once reviewed")
 
 

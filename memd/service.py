@@ -194,19 +194,27 @@ def uninstall(unit_dir_override: str | None = None) -> Report:
     directory, managed = unit_dir(unit_dir_override)
     path = directory / UNIT_NAME
     report = Report(path, "removed" if path.exists() else "absent")
-    if managed and path.exists():
+    if report.action == "absent":
+        return report
+    if managed:
         stopped = systemctl("disable", "--now", UNIT_NAME)
-        if stopped is None or stopped.returncode != 0:
-            report.systemctl = "unavailable"
-            report.steps = [f"systemctl --user disable --now {UNIT_NAME}", "systemctl --user daemon-reload"]
-        else:
+        if stopped is not None and stopped.returncode == 0:
             report.systemctl = "used"
-    if path.exists():
-        path.unlink()
+        else:
+            report.systemctl = "unavailable"
+            report.notes.append(f"no systemd user manager is reachable ({_why(stopped)}), so none was running memd")
+    path.unlink()
+    # The link an earlier `enable` made would otherwise be left dangling.
+    wanted = directory / "default.target.wants" / UNIT_NAME
+    if wanted.is_symlink():
+        wanted.unlink()
     if report.systemctl == "used":
         systemctl("daemon-reload")
-    if not managed and report.action == "removed":
-        report.steps = [f"systemctl --user disable --now {UNIT_NAME}", "systemctl --user daemon-reload"]
+    elif not managed:
+        report.steps = [
+            f"systemctl --user disable --now {UNIT_NAME}   (if you linked it into systemd)",
+            "systemctl --user daemon-reload",
+        ]
     return report
 
 

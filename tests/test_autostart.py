@@ -76,16 +76,30 @@ class Private:
         except (OSError, ValueError, KeyError):
             return None
 
-    def stop_daemon(self) -> None:
-        pid = self.holder()
-        if pid is None or not running(pid):
-            return
-        os.kill(pid, signal.SIGTERM)
+    def daemons(self) -> list[int]:
+        """Every `memd serve` running for this home, whoever started it."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                arguments = (entry / "cmdline").read_bytes().split(b"\0")
+                environment = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"serve" in arguments and b"memd" in arguments and f"HERMES_HOME={self.home}".encode() in environment:
+                if running(int(entry.name)):
+                    found.append(int(entry.name))
+        return found
+
+    def stop_daemons(self) -> None:
+        daemons = self.daemons()
+        for pid in daemons:
+            os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 15
-        while running(pid) and time.monotonic() < deadline:
+        while any(running(pid) for pid in daemons) and time.monotonic() < deadline:
             time.sleep(0.02)
-        if running(pid):
-            os.kill(pid, signal.SIGKILL)
+        for pid in daemons:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def running(pid: int) -> bool:
@@ -110,7 +124,7 @@ def private() -> Iterator[Private]:
     try:
         yield endpoint
     finally:
-        endpoint.stop_daemon()
+        endpoint.stop_daemons()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -142,6 +156,8 @@ def test_racing_clients_start_exactly_one_daemon_and_all_talk_to_it(private: Pri
     clients = [private.hello() for _ in range(4)]
     pids = {answer(client)["pid"] for client in clients}
     assert pids == {private.holder()}
+    # Every daemon a client started has either won or gone: none is left waiting to take over.
+    assert private.daemons() == list(pids)
     log = private.log.read_text(encoding="utf-8")
     assert log.count("serving home") == 1, log
     # Those that lost the race said so and left the endpoint alone.
@@ -161,6 +177,24 @@ def test_a_stale_socket_left_by_a_crash_is_not_taken_for_a_daemon(private: Priva
     assert started["pid"] == private.holder()
     with Client(f"ipc://{private.socket}", autostart=False) as client:
         assert client._daemon_present()
+
+
+def test_a_daemon_serving_the_home_elsewhere_is_named(private: Private) -> None:
+    elsewhere = f"ipc://{private.scratch}/elsewhere.sock"
+    serving = subprocess.Popen(
+        [sys.executable, "-m", "memd", "serve", "--endpoint", elsewhere], env=private.env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        with Client(elsewhere, timeout=10, autostart=False) as client:
+            client.hello()
+        failed = private.memd("show")
+        assert failed.returncode == 3
+        assert f"memd already runs for home {private.home} (pid {serving.pid}) at {elsewhere}" in failed.stderr
+        assert f"set MEMD_ENDPOINT={elsewhere}" in failed.stderr
+    finally:
+        serving.terminate()
+        serving.wait(15)
 
 
 def test_autostart_can_be_switched_off_and_status_never_starts_one(private: Private) -> None:

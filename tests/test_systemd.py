@@ -169,12 +169,16 @@ def test_install_service_without_a_user_manager_prints_the_steps(scratch: Path) 
     assert "no systemd user manager is reachable (Failed to connect to bus" in installed.stdout
     report = json.loads(memd(env, "install-service", "--json").stdout)
     assert report["systemctl"] == "unavailable" and report["action"] == "unchanged"
+    units = scratch / "config" / "systemd" / "user"
     printed = memd(env, "install-service", "--print")
-    assert printed.returncode == 0 and printed.stdout == report_unit(scratch)
-
-
-def report_unit(scratch: Path) -> str:
-    return (scratch / "config" / "systemd" / "user" / "memd.service").read_text(encoding="utf-8")
+    assert printed.returncode == 0 and printed.stdout == (units / "memd.service").read_text(encoding="utf-8")
+    # Enabled while a user manager ran, then uninstalled without one: no dangling link is left.
+    (units / "default.target.wants").mkdir()
+    (units / "default.target.wants" / "memd.service").symlink_to(units / "memd.service")
+    removed = json.loads(memd(env, "uninstall-service", "--json").stdout)
+    assert removed["action"] == "removed" and removed["systemctl"] == "unavailable" and removed["steps"] == []
+    assert not list(units.rglob("memd.service"))
+    assert not (units / "default.target.wants" / "memd.service").is_symlink()
 
 
 # -- the notify protocol --------------------------------------------------------------------

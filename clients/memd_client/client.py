@@ -307,10 +307,13 @@ def start_daemon(endpoint: str, timeout: float) -> None:
     deadline = time.monotonic() + wait
     no_winner_since: float | None = None
     while time.monotonic() < deadline:
-        if _listening(endpoint):
-            return
         status = process.poll()
-        if status is not None:
+        if _listening(endpoint):
+            # Settled once ours serves or has exited. One still starting would take the home
+            # (and serve unseen) if the daemon now listening stopped: let it reach the lock first.
+            if status is not None or (_home_holder() or {}).get("pid") == process.pid:
+                return
+        elif status is not None:
             holder = _home_holder()
             if holder is not None and holder.get("pid") != process.pid:
                 if holder.get("endpoint") != endpoint:
@@ -328,6 +331,8 @@ def start_daemon(endpoint: str, timeout: float) -> None:
                     f"{_tail(log_path)}\n(log: {log_path})"
                 )
         time.sleep(0.02)
+    if _listening(endpoint):
+        return
     raise DaemonUnavailable(
         f"started `{' '.join(argv)}`, but it did not accept connections within {wait:g}s; see {log_path}"
     )

@@ -52,6 +52,10 @@ TOOL_SCHEMA: dict[str, Any] = {
                     "type": "string",
                     "description": "Required for replace and remove: a short piece of text that occurs in exactly one existing entry.",
                 },
+                "dry_run": {
+                    "type": "boolean",
+                    "description": "true: check the change and report what it would do, without saving anything.",
+                },
                 "operations": {
                     "type": "array",
                     "items": _OPERATION,

@@ -118,6 +118,15 @@ def check_memory_dir(context: Context) -> Iterator[Check]:
                         f"chmod u+rw {shlex.quote(str(store))}")
 
 
+def check_state_dir(context: Context) -> Iterator[Check]:
+    """memd's own files in the home (the daemon lock, CURVE keys for tcp) are for its owner alone."""
+    directory = context.home / "memd"
+    if directory.is_dir() and _mode(directory) & 0o077:
+        yield Check("permissions", "problem",
+                    f"{directory} is open to others (mode {_mode(directory):o}); it holds memd's lock and keys",
+                    f"chmod 700 {shlex.quote(str(directory))}")
+
+
 def check_config(context: Context) -> Iterator[Check]:
     try:
         settings = load_settings(context.store_home)
@@ -163,13 +172,14 @@ def check_daemon(context: Context, status: Mapping[str, Any] | None) -> Iterator
                         "set MEMD_ENDPOINT=ipc://<a shorter path>")
         runtime = path.parent
         if runtime.is_dir() and runtime.stat().st_uid == os.getuid() and _mode(runtime) & 0o077:
-            yield Check("endpoint", "problem", f"{runtime} is open to others (mode {_mode(runtime):o}); memd's socket must be private",
+            yield Check("endpoint", "problem",
+                        f"{runtime} is open to others (mode {_mode(runtime):o}); memd's socket must be private",
                         f"chmod 700 {shlex.quote(str(runtime))}")
     if status is not None:
         served = Path(status["home"])
         wanted = context.home
-        detail = f"memd {status.get('version', '?')} (pid {status.get('pid', '?')}) answers at {endpoint}, up {duration(status.get('uptime', 0))}"
-        yield Check("daemon", "ok", detail)
+        yield Check("daemon", "ok", f"memd {status['version']} (pid {status['pid']}) answers at {endpoint}, "
+                                    f"up {duration(status['uptime'])}")
         if served.resolve() != wanted.resolve():
             yield Check("daemon", "problem", f"the daemon serves {served}, but this shell's home is {wanted}",
                         f"export HERMES_HOME={shlex.quote(str(served))}, or start memd for {wanted}")
@@ -198,7 +208,8 @@ def check_stores(context: Context, status: Mapping[str, Any] | None) -> Iterator
             reason = None if unreadable else drift_reason(text, limit)
             newest = latest_backup(store)
             last_backup = str(newest) if newest else None
-            drift = {"reason": reason, "backup": last_backup} if reason else None
+            # Not backed up yet: the daemon saves a drifted file the moment it sees it.
+            drift = {"reason": reason, "backup": None} if reason else None
             chars = total_chars(parse_entries(text))
         if unreadable:
             yield Check(name, "problem", f"{store} cannot be used: {unreadable}; every write to it is refused",
@@ -207,8 +218,8 @@ def check_stores(context: Context, status: Mapping[str, Any] | None) -> Iterator
             continue
         if drift:
             backup = f"; its earlier content is saved in {drift['backup']}" if drift.get("backup") else ""
-            yield Check(name, "problem", f"{name} was edited outside memd ({drift['reason']}){backup}; replace, remove and batches are refused",
-                        f"memd edit {target}")
+            yield Check(name, "problem", f"{name} was edited outside memd ({drift['reason']}){backup}; replace, "
+                                         "remove and batches are refused", f"memd edit {target}")
         elif chars > limit:
             yield Check(name, "warning", f"{name} is over budget: {usage_text(chars, limit)}", f"memd edit {target}")
         else:
@@ -240,8 +251,8 @@ def check_service(context: Context) -> Iterator[Check]:
     words = [word.replace("%%", "%").replace("$$", "$") for word in shlex.split(exec_start)]
     program = words[0] if words else ""
     if not program or not os.access(program, os.X_OK):
-        yield Check("service", "problem", f"{unit} runs {program or 'nothing'}, which is not an executable (memd moved or was uninstalled?)",
-                    "memd install-service")
+        yield Check("service", "problem", f"{unit} runs {program or 'nothing'}, which is not an executable "
+                                          "(memd moved or was uninstalled?)", "memd install-service")
         return
     if "--home" in words[:-1] and Path(words[words.index("--home") + 1]) != context.home.expanduser().resolve():
         yield Check("service", "warning", f"{unit} serves {words[words.index('--home') + 1]}, not {context.home}",
@@ -272,7 +283,7 @@ def run_checks(context: Context) -> list[Check]:
     status = daemon_status(context)
     checks: list[Check] = []
     for found in (
-        check_home(context), check_memory_dir(context), check_config(context),
+        check_home(context), check_memory_dir(context), check_state_dir(context), check_config(context),
         check_daemon(context, status), check_stores(context, status), check_service(context),
     ):
         checks.extend(found)

@@ -157,6 +157,13 @@ def test_install_service_enables_and_starts_it_through_the_user_manager(scratch:
     assert "loginctl enable-linger" in installed.stdout
     calls = systemctl_calls(scratch)
     assert calls[0] == "--user daemon-reload" and "--user enable --now memd.service" in calls
+    service_checks = [check for check in json.loads(memd(env, "doctor", "--json").stdout)["checks"] if check["name"] == "service"]
+    assert service_checks == [{"name": "service", "status": "ok", "detail": "memd.service is active (enabled)", "fix": None}]
+    # A unit whose memd has gone (a deleted virtualenv, say) is a problem with a fix.
+    unit_path.write_text(unit_path.read_text(encoding="utf-8").replace("ExecStart=/", "ExecStart=/gone/"), encoding="utf-8")
+    doctor = json.loads(memd(env, "doctor", "--json").stdout)
+    assert {"status": "problem", "fix": "memd install-service"}.items() <= next(
+        check for check in doctor["checks"] if check["name"] == "service").items()
     assert memd(env, "uninstall-service").returncode == 0
     assert "--user disable --now memd.service" in systemctl_calls(scratch) and not unit_path.exists()
 

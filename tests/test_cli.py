@@ -5,9 +5,9 @@ against a real daemon. Output for people, `--json` shapes, and the exit codes (0
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -130,7 +130,7 @@ def test_every_subcommand_has_help_with_the_shared_options(scratch: Path) -> Non
     edit = memd("edit", "--help")
     assert edit.returncode == 0 and edit.stdout.startswith("usage: memd edit")
     # Every other subcommand's help, from the same parser without a process each.
-    subparsers = next(action for action in build_parser()._actions if action.dest == "command")
+    subparsers = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
     for entry in COMMANDS:
         shown = subparsers.choices[entry.name].format_help()
         assert shown.startswith(f"usage: memd {entry.name}")

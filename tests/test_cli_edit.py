@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memd.core.format import serialise_entries
-from memd.core.store import StoreView, apply_call, parse_call
+from memd.core.store import MemoryCall, StoreView, apply_call, parse_call
 from memd.edit import edit_file_text, entries_from_edit_file, plan_changes
 
 
@@ -15,6 +15,7 @@ def apply_plan(old: list[str], new: list[str]) -> tuple[dict, list[str]]:
     """Run the planned batch through the real rules; the reply and the resulting entries."""
     plan = plan_changes(old, new)
     call = parse_call({"target": "memory", "operations": plan.operations})
+    assert isinstance(call, MemoryCall), call
     view = StoreView("memory", 10**6, tuple(old), serialise_entries(old))
     outcome = apply_call(call, view)
     return outcome.reply, list(outcome.entries if outcome.entries is not None else old)

@@ -130,8 +130,9 @@ HINTS = {
 }
 
 
-def reply_lines(reply: Mapping[str, Any], target: str) -> list[str]:
-    """A memory reply for a person: what happened and the usage, or why not and what to do."""
+def reply_lines(reply: Mapping[str, Any], target: str, *, hint: bool = True) -> list[str]:
+    """A memory reply for a person: what happened and the usage, or why not and (with `hint`)
+    which command to use next."""
     name = FILENAMES[target]
     if reply.get("success"):
         lines = [f"{reply['message']} {name}: {reply['usage']}, {count(reply['entry_count'], 'entry')}."]
@@ -152,9 +153,9 @@ def reply_lines(reply: Mapping[str, Any], target: str) -> list[str]:
         lines += numbered(reply["current_entries"], "  ") or ["  (none)"]
     if reply.get("remediation"):
         lines.append(reply["remediation"])
-    hint = HINTS.get(str(reply.get("code")))
-    if hint:
-        lines.append(hint.format(target=target))
+    next_step = HINTS.get(str(reply.get("code")))
+    if hint and next_step:
+        lines.append(next_step.format(target=target))
     return lines
 
 
@@ -480,7 +481,7 @@ def cmd_edit(args: argparse.Namespace) -> int:
     if args.json:
         emit(args, result.to_json(), [])
     elif result.reply is not None and not result.reply.get("success"):
-        lines = reply_lines(result.reply, args.target)
+        lines = reply_lines(result.reply, args.target, hint=False)
         lines.append(f"Nothing was applied. Your text is kept in {result.kept}; fix it with: "
                      f"memd edit {args.target} --from {shlex.quote(str(result.kept))}")
         print("\n".join(lines), file=sys.stderr)

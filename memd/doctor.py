@@ -25,7 +25,6 @@ from memd_client.client import daemon_absent
 MAX_SOCKET_PATH = 107
 # A store this large goes into every system prompt of every session; worth a word.
 LARGE_LIMIT = 10_000
-STATUSES = ("ok", "info", "warning", "problem")
 
 
 @dataclass(frozen=True, slots=True)

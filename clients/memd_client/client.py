@@ -338,7 +338,7 @@ def start_daemon(endpoint: str, timeout: float) -> None:
     )
 
 
-SERVICE_UNIT = "memd.service"
+_SERVICE_UNIT = "memd.service"
 _SERVICE_VARIABLES = frozenset({
     "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES",
     "RUNTIME_DIRECTORY",
@@ -372,14 +372,14 @@ def _start_service(endpoint: str, wait: float) -> bool:
     listens. False sends the caller to start memd itself (no unit, no systemctl, no user
     manager, or a service that would not start)."""
     config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "systemd" / "user"
-    installed = (config / SERVICE_UNIT).exists() or (config / "default.target.wants" / SERVICE_UNIT).exists()
+    installed = (config / _SERVICE_UNIT).exists() or (config / "default.target.wants" / _SERVICE_UNIT).exists()
     service_endpoint = f"ipc://{wire.runtime_dir() / 'memd' / 'memd.sock'}"
     systemctl = shutil.which("systemctl")
     if not installed or endpoint != service_endpoint or systemctl is None:
         return False
     try:
         started = subprocess.run(
-            [systemctl, "--user", "start", SERVICE_UNIT], stdin=subprocess.DEVNULL,
+            [systemctl, "--user", "start", _SERVICE_UNIT], stdin=subprocess.DEVNULL,
             capture_output=True, timeout=wait,
         )
     except (OSError, subprocess.TimeoutExpired):

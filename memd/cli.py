@@ -17,8 +17,10 @@ import logging
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -304,6 +306,14 @@ def naming_text(entry: str, width: int = 40) -> str:
     return named
 
 
+def provenance_line(origin: Mapping[str, Any] | None) -> str:
+    """Who wrote an entry as it stands, and when."""
+    if not origin or origin.get("seq") is None:
+        return "written before the journal began"
+    who = origin["session"] or "outside memd"
+    return f"{origin['action']} by {who}, {format_time(origin['time'])} (change #{origin['seq']})"
+
+
 def show_lines(stores: Mapping[str, Mapping[str, Any]]) -> list[str]:
     lines: list[str] = []
     for target, store in stores.items():
@@ -329,10 +339,12 @@ def show_lines(stores: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 first, *rest = visible(entry["text"]).split("\n")
                 lines.append(label + first)
                 lines += [pad + line for line in rest]
+            if "provenance" in entry:
+                lines.append(f"{pad}└ {provenance_line(entry['provenance'])}")
     return lines
 
 
-@command("show", OPTIONAL_TARGET)
+@command("show", OPTIONAL_TARGET, arg("--provenance", action="store_true", help="say who wrote each entry, and when"))
 def cmd_show(args: argparse.Namespace) -> int:
     """List the live entries of the stores, numbered, with usage.
 
@@ -340,6 +352,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     system prompts carry a [BLOCKED] notice instead), and they stay in the file until a person
     deletes them. --json prints {"profile": ..., "stores": {"memory": {"usage", "chars",
     "limit", "entry_count", "drift", "entries": [{"number", "text", "blocked", "findings"}]...}}}.
+    With --provenance each entry also has "provenance": {"seq", "time", "session", "action"},
+    from the journal (seq null: written before the journal began).
     """
     targets = [args.target] if args.target else list(TARGETS)
     with connect(args) as client:
@@ -348,6 +362,12 @@ def cmd_show(args: argparse.Namespace) -> int:
             target: describe_store(target, status["stores"][target], client.entries(target, args.profile))
             for target in targets
         }
+        if args.provenance:
+            for target, store in stores.items():
+                origins = {row["entry"]: row for row in client.provenance(target, args.profile)}
+                for entry in store["entries"]:
+                    origin = origins.get(entry["text"], {})
+                    entry["provenance"] = {key: origin.get(key) for key in ("seq", "time", "session", "action")}
     emit(args, {"profile": args.profile, "stores": stores}, show_lines(stores))
     return EXIT_OK
 
@@ -439,6 +459,127 @@ def cmd_batch(args: argparse.Namespace) -> int:
     --json prints the daemon's reply.
     """
     return memory_call(args, {"operations": read_operations(args.file)})
+
+
+# -- history ------------------------------------------------------------------------------
+
+
+TIME_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def time_argument(value: str) -> float:
+    """A moment: Unix time, an ISO date/time in local time (`2026-12-02 18:30`), or an age
+    (`90s`, `15m`, `2h`, `3d`, `1w` ago)."""
+    text = value.strip()
+    if text[:-1].replace(".", "", 1).isdigit() and text[-1:] in TIME_UNITS:
+        return time.time() - float(text[:-1]) * TIME_UNITS[text[-1]]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a time: use e.g. '2026-12-02 18:30', '2h' (ago) or a Unix time"
+        ) from None
+
+
+def format_time(unix_time: float) -> str:
+    return datetime.fromtimestamp(unix_time).strftime("%Y-%m-%d %H:%M:%S")
+
+
+STEP_MARKS = {"add": "+", "remove": "-", "replace": "~"}
+ACTION_NAMES = {
+    "external": "edited outside memd", "baseline": "found when the journal began",
+    "drift_detected": "drift detected", "drift_resolved": "drift resolved", "unreadable": "became unreadable",
+}
+
+
+def log_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines: list[str] = []
+    for record in records:
+        who = record["session"] or "outside memd"
+        what = ACTION_NAMES.get(record["action"], record["action"])
+        if record.get("undo_of"):
+            what += f" of #{record['undo_of']}"
+        head = f"#{record['seq']:<5} {format_time(record['time'])}  {FILENAMES[record['target']]:<9}  {what}  by {who}"
+        lines.append(head + (f"  → {record['usage']}" if record.get("usage") else ""))
+        if record.get("backup"):
+            lines.append(f"       backup: {record['backup']}")
+        if record.get("reason"):
+            lines.append(f"       why: {record['reason']}")
+        for step in record["steps"]:
+            mark = STEP_MARKS.get(step["action"], "?")
+            if step["action"] == "replace":
+                lines += indented(step["old"], f"       {mark} was: ")
+                lines += indented(step["new"], "         now: ")
+            else:
+                lines += indented(step["new"] if step["action"] == "add" else step["old"], f"       {mark} ")
+    return lines
+
+
+@command(
+    "log", OPTIONAL_TARGET,
+    arg("--since", type=time_argument, metavar="TIME", help="only changes from TIME on ('2026-12-02 18:00', '2h', a Unix time)"),
+    arg("--session", metavar="NAME", help="only changes made by sessions of this name (e.g. cli, gateway:telegram)"),
+    arg("--limit", type=int, default=200, metavar="N", help="at most the N most recent changes (default 200)"),
+)
+def cmd_log(args: argparse.Namespace) -> int:
+    """Show the journal: every change to the stores, oldest first, with who made it.
+
+    Each change has a number (use it with `memd undo`), its time, the store, the action (add,
+    replace, remove, batch, undo, restore, or a change seen from outside memd), the session that
+    made it, and the entries it added (+), removed (-) or replaced (~). --json prints a list of
+    records {"seq", "time", "session", "target", "action", "steps": [{"action", "old", "new"}],
+    "usage", "after", "backup", "reason", "undo_of"}.
+    """
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    with connect(args) as client:
+        records = client.history(args.target, since=args.since, session=args.session, limit=args.limit, profile=args.profile)
+    emit(args, records, log_lines(records) or ["(no changes recorded)"])
+    return EXIT_OK
+
+
+def history_reply(args: argparse.Namespace, reply: Mapping[str, Any], target: str | None) -> int:
+    """Print the reply of an undo or restore, like any memory reply."""
+    if args.json:
+        emit(args, reply, [])
+    elif reply.get("success") and target is not None:
+        emit(args, reply, reply_lines(reply, target))
+    else:
+        lines = reply_lines(reply, target, hint=False) if target else [f"memd: refused ({reply.get('code')}): {reply.get('error', '')}"]
+        print("\n".join(lines), file=sys.stderr)
+    return EXIT_OK if reply.get("success") else EXIT_REFUSED
+
+
+@command("undo", arg("seq", type=int, help="the change's number, from `memd log`"), dry_run=True)
+def cmd_undo(args: argparse.Namespace) -> int:
+    """Revert one change from the journal, as a new change.
+
+    The inverse is applied as one validated batch: budget, injection scanning and drift rules
+    hold as for any write. It is refused (code conflict) when a later change touched the same
+    entries, since undoing it would overwrite that change. --json prints the daemon's reply.
+    """
+    with connect(args) as client:
+        reply = client.undo(args.seq, dry_run=args.dry_run, name=SESSION_NAME, profile=args.profile)
+    return history_reply(args, reply, reply.get("target"))
+
+
+@command(
+    "restore", TARGET,
+    arg("--at", type=time_argument, required=True, metavar="TIME", help="the moment to go back to ('2026-12-02 18:00', '2h', a Unix time)"),
+    dry_run=True,
+)
+def cmd_restore(args: argparse.Namespace) -> int:
+    """Bring a store back to its state at a moment, as a new change (which can itself be undone).
+
+    --json prints the daemon's reply.
+    """
+    with connect(args) as client:
+        reply = client.restore(args.target, args.at, dry_run=args.dry_run, name=SESSION_NAME, profile=args.profile)
+    return history_reply(args, reply, args.target)
 
 
 def ask(prompt: str) -> bool:

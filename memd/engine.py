@@ -482,7 +482,9 @@ class Engine:
             operations = restore_operations(current, before)
         reply = self._apply_origin(record.target, operations, Origin("undo", seq), name, dry_run)
         if reply["success"]:
-            reply["message"] = f"Change {seq} undone ({len(operations)} operation(s))."
+            done = "would be undone" if dry_run else "undone"
+            reply["message"] = f"Change {seq} {done} ({len(operations)} operation(s))."
+        reply.setdefault("target", record.target)  # refusals too: say which store it was about
         reply["undo_of"] = seq
         return reply
 
@@ -517,7 +519,8 @@ class Engine:
             return reply
         reply = self._apply_origin(target, operations, Origin("restore"), name, dry_run)
         if reply["success"]:
-            reply["message"] = f"{FILENAMES[target]} restored to its state at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}."
+            done = "would be restored" if dry_run else "restored"
+            reply["message"] = f"{FILENAMES[target]} {done} to its state at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}."
         return reply
 
     def _apply_origin(

@@ -318,3 +318,42 @@ def test_consolidation_seen_in_memd_log_and_reverted_with_memd_undo(daemon: Daem
         restored = client.entries("memory")
     assert set(restored) == set(facts)
     assert restored != merged
+
+
+def test_cli_log_filters_show_provenance_and_restore(daemon: DaemonProcess) -> None:
+    import subprocess
+    import sys
+
+    def memd(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "memd", *args, "--endpoint", daemon.endpoint],
+            capture_output=True, text=True, timeout=30,
+        )
+
+    assert memd("add", "memory", "Uses Postgres 16").returncode == 0
+    time.sleep(0.05)
+    moment = time.time()
+    time.sleep(0.05)
+    assert memd("replace", "memory", "Postgres", "Uses Postgres 16 with pgvector").returncode == 0
+    with daemon.client() as client:
+        client.open_session("gateway").memory(action="add", target="user", content="Name is Ada")
+
+    only_gateway = json.loads(memd("log", "--session", "gateway", "--json").stdout)
+    assert [(r["seq"], r["target"]) for r in only_gateway] == [(3, "user")]
+    recent = json.loads(memd("log", "memory", "--since", str(moment), "--json").stdout)
+    assert [r["action"] for r in recent] == ["replace"]
+
+    shown = json.loads(memd("show", "memory", "--provenance", "--json").stdout)
+    entry = shown["stores"]["memory"]["entries"][0]
+    assert entry["provenance"]["session"] == "cli" and entry["provenance"]["seq"] == 2
+    assert "(change #2)" in memd("show", "--provenance").stdout
+
+    preview = memd("restore", "memory", "--at", str(moment), "--dry-run")
+    assert preview.returncode == 0 and "would be restored" in preview.stdout
+    with daemon.client() as client:
+        assert client.entries("memory") == ["Uses Postgres 16 with pgvector"]
+    assert memd("restore", "memory", "--at", str(moment)).returncode == 0
+    with daemon.client() as client:
+        assert client.entries("memory") == ["Uses Postgres 16"]
+    assert memd("restore", "memory", "--at", "not a time").returncode == 2
+    assert memd("undo", "2").returncode == 1  # the entry it wrote is gone since the restore: refused

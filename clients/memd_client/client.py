@@ -132,7 +132,8 @@ class Client:
             raise MemdError("this client is closed")
         request = request_type(v=wire.PROTOCOL_VERSION, id=uuid.uuid4().hex, **fields)
         frame = wire.encoder.encode(request)
-        if self.autostart and not self._daemon_present():
+        # Checked when (re)connecting only: a connected client pays nothing per call.
+        if self.autostart and self.socket is None and not self._daemon_present():
             start_daemon(self.endpoint, self.timeout)
         attempts = self.retries + 1
         for _ in range(attempts):

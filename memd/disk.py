@@ -256,28 +256,34 @@ def store_lock(store: Path) -> Iterator[None]:
 def write_backup(store: Path, raw: bytes, now: float) -> Path:
     """Save `raw` as `<store>.bak.<unix time>`, durably, never overwriting an earlier backup.
 
-    When that second's name is taken by different content, the next free second is used, so the
-    name still sorts by time.
+    The content is made durable in a temp file first and then hard-linked to its name, which
+    fails rather than replaces when the name exists: a backup is never seen half-written, even
+    after a crash. When that second's name holds different content, the next free second is
+    used, so names still sort by time.
     """
-    second = int(now)
-    while True:
-        backup = store.with_name(f"{store.name}.bak.{second}")
-        try:
-            fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            if backup.read_bytes() == raw:
-                return backup
-            second += 1
-            continue
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(raw)
-                handle.flush()
-                os.fsync(handle.fileno())
-            fsync_directory(store.parent)
-        except OSError as error:
-            raise DurabilityError(f"could not durably write backup {backup}: {error}") from error
-        return backup
+    fd, temp_name = tempfile.mkstemp(dir=store.parent, prefix=f".{store.name}.bak.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(raw)
+            handle.flush()
+            os.fsync(handle.fileno())
+        second = int(now)
+        while True:
+            backup = store.with_name(f"{store.name}.bak.{second}")
+            try:
+                os.link(temp_name, backup)
+                break
+            except FileExistsError:
+                if backup.read_bytes() == raw:
+                    return backup
+                second += 1
+        fsync_directory(store.parent)
+    except OSError as error:
+        raise DurabilityError(f"could not durably write a backup of {store}: {error}") from error
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_name)
+    return backup
 
 
 def latest_backup(store: Path) -> Path | None:

@@ -7,6 +7,12 @@ joined, and the text of decoded base64 payloads. Small lexicons (action verbs, s
 objects, destinations, per-language phrases) are matched on each view and rules combine them:
 most findings need an imperative, a sensitive object and, where it applies, a destination in
 the same clause, so a note that merely mentions a key, a URL or base64 stays clean.
+
+Speed: Python's regex engine costs about 15 ns per character and alternative, far too much to
+run dozens of word lists over every entry. So a view is split into its set of words once (a C
+loop), lexicon terms are looked up by whole word or by 4-letter prefix in that set, and only
+the terms actually present are located with str.find. Regexes run anchored at those hits or
+behind rare gates, never as free searches over an ordinary entry.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ import binascii
 import re
 import unicodedata
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 
 # A 100,000-character entry must really be scanned; beyond this the entry is refused unread.
 MAX_SCAN_CHARS = 200_000
@@ -79,7 +86,7 @@ _INVISIBLE_RANGES = (
     (0x1D173, 0x1D17A), (0xE0000, 0xE001F), (0xE007F, 0xE007F), (0xE0100, 0xE01EF),
 )
 # Unicode tag characters mirror ASCII (U+E0020-U+E007E): they are decoded, not dropped, so the
-# hidden sentence is scanned in place.
+# hidden sentence is scanned where it sits.
 _TAG_BASE = 0xE0000
 
 
@@ -98,7 +105,8 @@ _HIDDEN_RE = re.compile(
 )
 
 # Cyrillic and Greek letters that look like Latin ones, upper and lower case (folded before
-# case-folding, so that Greek capital Eta becomes H rather than the eta's "n").
+# case-folding, so that a Greek capital Eta becomes H rather than the eta's "n"). Folding is
+# done on a copy of the text, so genuine Russian keeps matching Russian phrases.
 _CONFUSABLES = str.maketrans({
     "А": "A", "В": "B", "Е": "E", "Ё": "E", "К": "K", "М": "M", "Н": "H", "О": "O", "Р": "P",
     "С": "C", "Т": "T", "Х": "X", "У": "Y", "Ѕ": "S", "І": "I", "Ї": "I", "Ј": "J", "Һ": "H",
@@ -113,15 +121,18 @@ _CONFUSABLES = str.maketrans({
 })
 _CYRILLIC_OR_GREEK = re.compile("[\u0370-\u03ff\u0400-\u052f]")
 
+# Horizontal whitespace runs become one space, so multi-word terms match however they are spaced.
+_SPACE_RUN = re.compile(r"[^\S\n]+")
+
 # A letter-spaced run: single characters joined by one repeated separator ("i g n o r e",
-# "c-u-r-l", "b.a.s.h"), standing alone between spaces. Six characters make a text worth a
-# joined copy; in that copy, runs of two or more are joined.
-_SPACED_RUN_LONG = re.compile(r"(?<!\S)\S([ .\-_·*])(?:\S\1){4}")
+# "c-u-r-l", "b.a.s.h"), standing alone between spaces. Its characters sit at even offsets.
 _SPACED_RUN = re.compile(r"(?<!\S)\S([ .\-_·*])(?:\S\1){0,100000}\S(?!\S)")
+_SPACED_RUN_LONG = re.compile(r"(?<!\S)\S([ .\-_·*])(?:\S\1){4}")
+_SINGLE_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyz")
 
 
 def _strip_hidden(text: str) -> str:
-    if _HIDDEN_RE.search(text) is None:
+    if text.isascii() or _HIDDEN_RE.search(text) is None:
         return text
     return text.translate(_HIDDEN_TABLE)
 
@@ -132,228 +143,431 @@ def _nfkc(text: str) -> str:
     return unicodedata.normalize("NFKC", text)
 
 
+def _tidy(text: str) -> str:
+    # NFKC has already turned the exotic spaces into plain ones.
+    return _SPACE_RUN.sub(" ", text) if ("  " in text or "\t" in text or "\r" in text) else text
+
+
+def _may_be_letter_spaced(text: str, words: set[str]) -> bool:
+    """Cheap test first (an ASCII text needs several one-letter words), then the real one."""
+    if text.isascii() and len(words & _SINGLE_LETTERS) < 6:
+        return False
+    return _SPACED_RUN_LONG.search(text) is not None
+
+
 def _join_spaced(text: str) -> str:
     return _SPACED_RUN.sub(lambda match: match[0][::2], text)
 
 
-def _views(clean: str) -> list[str]:
+def _views(clean: str) -> list[_View]:
     """The case-folded texts the detectors read: the entry itself and, when they differ,
     its look-alike-folded and letter-joined copies."""
-    bases = [clean]
+    texts = [clean]
     if not clean.isascii() and _CYRILLIC_OR_GREEK.search(clean):
-        bases.append(clean.translate(_CONFUSABLES))
-    views = [base.casefold() for base in bases]
-    if _SPACED_RUN_LONG.search(clean):
-        views += [_join_spaced(view) for view in views]
+        texts.append(clean.translate(_CONFUSABLES))
+    folded = [text.casefold() for text in texts]
+    views = [_View(_tidy(text)) for text in folded]
+    # Joined before spaces are tidied: the wider gaps are what separate the spaced words.
+    if _may_be_letter_spaced(folded[0], views[0].words):
+        views += [_View(_tidy(_join_spaced(text))) for text in folded]
     return views
 
 
-# -- base64 payloads --------------------------------------------------------------------------
+# -- lexicons ---------------------------------------------------------------------------------
 
-_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_\-]{16,}={0,2}")
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffd]")
-_LETTER = re.compile(r"[^\W\d_]")
-
-
-def _decode_base64(run: str) -> str | None:
-    """The text a base64 run (standard or URL-safe) stands for, if it is mostly printable."""
-    body = run.rstrip("=").replace("-", "+").replace("_", "/")
-    body = body[: len(body) - len(body) % 4] if len(body) % 4 == 1 else body
-    try:
-        raw = base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
-        decoded = raw.decode("utf-8")
-    except (binascii.Error, ValueError):
-        return None
-    if len(_CONTROL.findall(decoded)) > len(decoded) // 20:
-        return None
-    if len(_LETTER.findall(decoded)) < len(decoded) // 3:
-        return None
-    return decoded
+# Everything but letters and digits separates words (the apostrophe too: "user's" holds "user").
+_SEPARATORS = str.maketrans(dict.fromkeys("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", " "))
+# Words of a non-ASCII text: runs of Latin, Greek or Cyrillic letters and digits. Chinese,
+# Japanese and Korean terms are found by their first character instead.
+_WORD = re.compile(r"[0-9a-z\u00b5\u00c0-\u024f\u0370-\u03ff\u0400-\u052f\u1e00-\u1eff]+")
+_PREFIX_LENGTH = 4
+_PREFIX = itemgetter(slice(0, _PREFIX_LENGTH))
+# From here on, scripts written without spaces (CJK, kana, Hangul): no word boundaries.
+_DENSE_SCRIPT = "\u2e80"
 
 
-def _decoded_payloads(clean: str) -> str:
-    """Every decodable base64 run of the text, one per line (so they are scanned together)."""
-    if len(clean) < 16:
-        return ""
-    decoded = (_decode_base64(match[0]) for match in _BASE64_RUN.finditer(clean))
-    return "\n".join(text for text in decoded if text)
+def _is_word_char(char: str) -> bool:
+    return char.isalnum() and char < _DENSE_SCRIPT
 
 
-# -- matching helpers -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Term:
+    text: str
+    left: bool  # must start at a word boundary
+    right: bool  # must end at a word boundary
+    gate: str  # present in the text whenever the term is (for terms without a key word)
 
-# A clause ends at a sentence stop followed by a space, at a semicolon or at a line break;
-# rules only combine words of one clause.
-_CLAUSE_BREAK = re.compile(r"[.!?;:](?=\s)|[;\n。！？；]")
+
+_LEXICONS: list[_Lexicon] = []
+
+
+class _Lexicon:
+    """Terms to look for, indexed so that a view finds the present ones with set operations.
+
+    Term syntax: terms separated by "|"; a trailing "*" lets the term end inside a word (a
+    stem), a leading "*" lets it start inside one; "{a,b}" expands to alternatives.
+    """
+
+    __slots__ = ("by_word", "by_prefix", "probes", "ascii_probes")
+
+    def __init__(self, spec: str) -> None:
+        self.by_word: dict[str, list[_Term]] = {}
+        self.by_prefix: dict[str, list[_Term]] = {}
+        self.probes: list[_Term] = []
+        for raw in spec.split("|"):
+            raw = " ".join(raw.split())
+            if raw:
+                for variant in _expand(raw):
+                    self._index(variant)
+        self.ascii_probes = [term for term in self.probes if term.text.isascii()]
+        # Every lexicon joins one index (built as the module loads), so that a view finds the
+        # keys of all lexicons with a single set intersection.
+        _LEXICONS.append(self)
+
+    def _index(self, raw: str) -> None:
+        left, right = not raw.startswith("*"), not raw.endswith("*")
+        text = raw.strip("*").casefold()
+        term = _Term(text, left and _is_word_char(text[0]), right and _is_word_char(text[-1]), text)
+        if any(char >= _DENSE_SCRIPT for char in text):
+            first_dense = next(char for char in text if char >= _DENSE_SCRIPT)
+            self.probes.append(_Term(term.text, term.left, term.right, first_dense))
+            return
+        tokens = text.translate(_SEPARATORS).split()
+        whole = tokens[(0 if left else 1): (None if right else -1)]
+        if whole:
+            # The key should be a word ordinary notes rarely contain, so the term is rarely located.
+            rare = [word for word in whole if word not in _COMMON_WORDS] or whole
+            self.by_word.setdefault(max(rare, key=len), []).append(term)
+        elif left and tokens and len(tokens[0]) >= _PREFIX_LENGTH:
+            self.by_prefix.setdefault(tokens[0][:_PREFIX_LENGTH], []).append(term)
+        else:
+            self.probes.append(term)
+
+
+# Words too frequent in ordinary notes to index a longer term by.
+_COMMON_WORDS = frozenset("""
+    the a an to of in on at by for with from and or is are be as it its this that these those you your
+    me my we our user users all any every no not never do don t s new only system data file files key
+    keys token config json md access api run local login start startup github docker mode message dev
+""".split())
+
+
+_BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+def _expand(term: str) -> set[str]:
+    """A term with its {a,b} alternatives spelled out, plus accent-free spellings of Latin
+    words (attackers drop accents) and German umlauts written ae/oe/ue."""
+    match = _BRACES.search(term)
+    if match:
+        return {
+            variant
+            for choice in match[1].split(",")
+            for variant in _expand(term[: match.start()] + choice + term[match.end():])
+        }
+    variants = {term}
+    if not term.isascii() and all(char < "\u0250" for char in term):
+        variants.add("".join(c for c in unicodedata.normalize("NFD", term) if not unicodedata.combining(c)))
+        variants.add(term.translate(_UMLAUTS))
+    if "ё" in term:
+        variants.add(term.replace("ё", "е"))
+    return variants
+
+
+_UMLAUTS = str.maketrans({"ä": "ae", "ö": "oe", "ü": "ue"})
+
+
+# -- views ------------------------------------------------------------------------------------
+
+Span = tuple[int, int]
+
+# Clause stops; rules only combine words of one clause.
+_CLAUSE_STOPS_ASCII = ("\n", ";", ". ", "! ", "? ", ": ")
+_CLAUSE_STOPS = (*_CLAUSE_STOPS_ASCII, "。", "！", "？", "；")
+
+
+def _occurrences(text: str, term: _Term, start: int = 0, end: int | None = None) -> list[Span]:
+    """Where the term occurs (within text[start:end]) with the word boundaries it asks for."""
+    found = []
+    needle, left, right = term.text, term.left, term.right
+    size, length = len(needle), len(text)
+    at = text.find(needle, start, end)
+    while at != -1:
+        stop = at + size
+        if (not left or at == 0 or not _is_word_char(text[at - 1])) and (
+            not right or stop == length or not _is_word_char(text[stop])
+        ):
+            found.append((at, stop))
+        at = text.find(needle, at + 1, end)
+    return found
+
+
+# A lexicon asked about this many windows is located in the whole text once instead.
+_WINDOWS_BEFORE_LOCATING = 12
 
 
 class _View:
-    """One normalised text, with the matches of each lexicon computed once, on demand."""
+    """One normalised text and its words; which lexicon terms it may hold and where they
+    are, computed once and on demand."""
 
-    __slots__ = ("text", "_spans", "_breaks")
+    __slots__ = ("text", "words", "_keyed", "_terms", "_spans", "_windows", "_stops", "_clause_questions")
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self._spans: dict[re.Pattern[str], list[tuple[int, int]]] = {}
-        self._breaks: list[int] | None = None
+        words = text.translate(_SEPARATORS).split() if text.isascii() else _WORD.findall(text)
+        self.words = set(words)
+        self._keyed = _keyed_terms(self.words)
+        self._terms: dict[_Lexicon, list[_Term]] = {}
+        self._spans: dict[_Lexicon, list[Span]] = {}
+        self._windows: dict[_Lexicon, int] = {}
+        self._stops: list[int] | None = None
+        self._clause_questions = 0
 
-    def spans(self, lexicon: re.Pattern[str]) -> list[tuple[int, int]]:
+    def terms(self, lexicon: _Lexicon) -> list[_Term]:
+        """The lexicon's terms whose key word, prefix or gate the text holds."""
+        found = self._terms.get(lexicon)
+        if found is None:
+            text = self.text
+            found = self._keyed.get(lexicon, [])
+            probes = lexicon.ascii_probes if text.isascii() else lexicon.probes
+            if probes:
+                found = found + [term for term in probes if term.gate in text]
+            self._terms[lexicon] = found
+        return found
+
+    def may_have(self, lexicon: _Lexicon) -> bool:
+        """A cheap test that spares locating anything when a rule cannot fire anyway."""
+        return bool(self.terms(lexicon))
+
+    def spans(self, lexicon: _Lexicon) -> list[Span]:
+        """Every match of the lexicon, in order."""
         found = self._spans.get(lexicon)
         if found is None:
-            found = [match.span() for match in lexicon.finditer(self.text)]
+            found = sorted(span for term in self.terms(lexicon) for span in _occurrences(self.text, term))
             self._spans[lexicon] = found
         return found
 
-    def has(self, lexicon: re.Pattern[str]) -> bool:
+    def has(self, lexicon: _Lexicon) -> bool:
         return bool(self.spans(lexicon))
 
+    def between(self, lexicon: _Lexicon, low: int, high: int) -> list[Span]:
+        """The matches starting from low to high: searched in that window only (most
+        lexicons are only ever needed near an anchor), unless asked about too often."""
+        low = max(0, low)
+        if lexicon not in self._spans:
+            asked = self._windows.get(lexicon, 0) + 1
+            self._windows[lexicon] = asked
+            if asked <= _WINDOWS_BEFORE_LOCATING:
+                return sorted(
+                    span for term in self.terms(lexicon)
+                    for span in _occurrences(self.text, term, low, high + len(term.text))
+                )
+        spans = self.spans(lexicon)
+        index = bisect_left(spans, (low, -1))
+        found = []
+        while index < len(spans) and spans[index][0] <= high:
+            found.append(spans[index])
+            index += 1
+        return found
+
     def same_clause(self, first: int, second: int) -> bool:
-        if self._breaks is None:
-            self._breaks = [match.start() for match in _CLAUSE_BREAK.finditer(self.text)]
+        """Whether no clause stop lies between the two offsets. The first few questions are
+        answered by searching between them; a text asked often gets its stops listed."""
         low, high = min(first, second), max(first, second)
-        index = bisect_left(self._breaks, low)
-        return index == len(self._breaks) or self._breaks[index] >= high
+        stops = _CLAUSE_STOPS_ASCII if self.text.isascii() else _CLAUSE_STOPS
+        if self._stops is None:
+            self._clause_questions += 1
+            if self._clause_questions <= _WINDOWS_BEFORE_LOCATING:
+                text = self.text
+                return all(text.find(stop, low, high + len(stop) - 1) == -1 for stop in stops)
+            self._stops = sorted(at for stop in stops if stop in self.text for at in _positions(self.text, stop))
+        index = bisect_left(self._stops, low)
+        return index == len(self._stops) or self._stops[index] >= high
 
 
-Span = tuple[int, int]
+def _keyed_terms(words: set[str]) -> dict[_Lexicon, list[_Term]]:
+    """For each lexicon, its terms whose key word or key prefix is among the words."""
+    found: dict[_Lexicon, list[_Term]] = {}
+    for key in _WORD_KEYS & words:
+        for lexicon, terms in _BY_WORD[key]:
+            found.setdefault(lexicon, []).extend(terms)
+    for key in _PREFIX_KEYS & set(map(_PREFIX, words)):
+        for lexicon, terms in _BY_PREFIX[key]:
+            found.setdefault(lexicon, []).extend(terms)
+    return found
+
+
+def _positions(text: str, needle: str) -> list[int]:
+    found = []
+    at = text.find(needle)
+    while at != -1:
+        found.append(at)
+        at = text.find(needle, at + 1)
+    return found
+
+
+# -- rule helpers -----------------------------------------------------------------------------
+
 Guard = Callable[[_View, Span], bool]
 
 
-def _near(view: _View, anchor: Span, lexicon: re.Pattern[str], before: int, after: int) -> bool:
+def _near(
+    view: _View, anchor: Span, lexicon: _Lexicon, before: int, after: int, accept: Guard | None = None,
+) -> bool:
     """Whether the lexicon matches in the anchor's clause, from `before` characters ahead of
-    the anchor to `after` characters past it."""
-    spans = view.spans(lexicon)
-    index = bisect_left(spans, (anchor[0] - before, -1))
-    while index < len(spans) and spans[index][0] <= anchor[1] + after:
-        if view.same_clause(anchor[0], spans[index][0]):
-            return True
-        index += 1
-    return False
+    the anchor to `after` characters past it (and, given `accept`, is accepted by it)."""
+    return _hit(view, lexicon, anchor[0] - before, anchor[1] + after, anchor[0], accept)
+
+
+def _hit(view: _View, lexicon: _Lexicon, low: int, high: int, clause_of: int, accept: Guard | None = None) -> bool:
+    """Whether the lexicon matches, starting from low to high, in the clause of `clause_of`."""
+    return any(
+        view.same_clause(clause_of, span[0]) and (accept is None or accept(view, span))
+        for span in view.between(lexicon, low, high)
+    )
 
 
 def _together(
     view: _View,
-    anchor: re.Pattern[str],
-    others: Iterable[tuple[re.Pattern[str], int, int]],
+    anchor: _Lexicon,
+    others: tuple[tuple[_Lexicon, int, int], ...],
     guard: Guard | None = None,
 ) -> bool:
-    """Whether some match of the anchor lexicon has every other lexicon near it."""
-    needed = tuple(others)
+    """Whether some match of the anchor lexicon has every other lexicon near it. The other
+    lexicons are checked for presence first: most entries stop there."""
+    if not view.may_have(anchor) or not all(view.may_have(lexicon) for lexicon, _, _ in others):
+        return False
     for span in view.spans(anchor):
         if guard is not None and not guard(view, span):
             continue
-        if all(_near(view, span, lexicon, before, after) for lexicon, before, after in needed):
+        if all(_near(view, span, lexicon, before, after) for lexicon, before, after in others):
             return True
     return False
 
 
-def _lexicon(*parts: str) -> re.Pattern[str]:
-    return re.compile("|".join(parts))
+def _phrase(
+    view: _View, trigger: _Lexicon, pattern: re.Pattern[str], reach: tuple[int, int] | None = None,
+) -> bool:
+    """Whether the pattern matches starting at one of the trigger's hits or, given a reach
+    (characters before, after), anywhere around one."""
+    if reach is not None:
+        before, after = reach
+        return any(pattern.search(view.text, max(0, start - before), end + after)
+                   for start, end in view.spans(trigger))
+    return any(pattern.match(view.text, start) for start, _ in view.spans(trigger))
 
 
 # Negation right before a verb ("never upload", "do not print", "不要粘贴") or right after it
 # in Japanese and Korean ("送信しないで", "붙여 넣지 말"): the entry forbids the act.
-_NEGATED_BEFORE = re.compile(
-    r"(?:\bnever|\bnot|n't|\bno|\bnunca|\bjamais|\bne|\bnie|\bniemals|\bnicht|никогда|\bне)"
-    r"\s+(?:\S+\s+)?$|(?:不要|别|別|勿|不能|不得|禁止|切勿|不可|不准|决不|絶対に|절대)\S{0,8}$"
-)
-_NEGATED_AFTER = re.compile(r"^\S{0,4}\s?(?:ないで|しない|するな|禁止|지 ?마|지 ?말|지 ?않|말 것)")
+_NEGATIONS = frozenset("never not no nunca jamais ne nie niemals nicht никогда не".split())
+_DENSE_NEGATIONS_BEFORE = ("不要", "别", "別", "勿", "不能", "不得", "禁止", "切勿", "不可", "不准", "决不", "絶対に", "절대")
+_DENSE_NEGATIONS_AFTER = ("ないで", "しない", "するな", "禁止", "지 마", "지마", "지 말", "지말", "지 않", "지않", "말 것")
+_PUNCTUATION = ".,;:!?\"'`()[]{}*"
+
+
+def _last_words(text: str, end: int, count: int) -> list[str]:
+    return [word.strip(_PUNCTUATION) for word in text[max(0, end - 24): end].split()[-count:]]
 
 
 def _affirmed(view: _View, span: Span) -> bool:
-    before = view.text[max(0, span[0] - 24): span[0]]
-    after = view.text[span[1]: span[1] + 10]
-    return _NEGATED_BEFORE.search(before) is None and _NEGATED_AFTER.search(after) is None
+    text = view.text
+    if any(word in _NEGATIONS or word.endswith("n't") for word in _last_words(text, span[0], 2)):
+        return False
+    if text.isascii():
+        return True
+    before, after = text[max(0, span[0] - 10): span[0]], text[span[1]: span[1] + 8]
+    return not any(mark in before for mark in _DENSE_NEGATIONS_BEFORE) and not any(
+        mark in after for mark in _DENSE_NEGATIONS_AFTER)
 
 
-# -- lexicons shared by several rules ---------------------------------------------------------
-
-_URL = re.compile(r"\b(?:https?|ftps?|sftp|wss?|tcp|gopher)://(?!(?:localhost|127\.)[:/\d])")
-_IP = re.compile(r"(?<![\d.])(?!127\.|0\.0\.0\.0)(?:\d{1,3}\.){3}\d{1,3}(?![\d.]*\d)")
-_EMAIL = re.compile(r"(?<=[\w.+-])@[\w-]{1,63}(?:\.[\w-]{1,63}){1,8}")
-
-_USER = _lexicon(
-    r"\buser\b|\busers\b|\buser's\b|\bhuman\b|\bowner\b|\banyone\b",
-    r"usuario", r"utilisat(?:eur|rice)|l'usager", r"(?:be)?nutzer|anwender",
-    r"пользовател", "用户|用戶|使用者|ユーザー|利用者|사용자|유저",
-)
+_USER = _Lexicon("""
+    user|users|human|owner|anyone|usuario|usuarios|utilisateur|utilisatrice|utilisateurs|usager
+    |nutzer|nutzerin|benutzer|benutzerin|anwender|пользовател*|用户|用戶|使用者|ユーザー|利用者|사용자|유저
+""")
 
 
 # -- instruction override ----------------------------------------------------------------------
 
-_OVERRIDE_VERB = _lexicon(
-    r"\bignor(?:e|es|ed|ing)\b", r"\bdisregard", r"\bforget\b|\bforgetting\b", r"\boverrid",
-    r"\bbypass", r"\bdiscard", r"\babandon", r"\bset aside", r"\bpay no (?:attention|heed)",
-    r"\b(?:do not|don't|dont|no longer|stop) (?:follow|obey)", r"\bthrow out", r"\bscrap\b",
-    r"\bignor[ae](?:r|n|s)?\b", r"\bolvid[aeé]", r"\bdescart[ae]", r"\bomit[ae]\b",
-    r"\bno (?:hagas|haga|hagan) caso", r"\bhaz caso omiso", r"\bpasa por alto",
-    r"\bignorez\b", r"\boubli", r"\bne (?:tiens|tenez|tenir|prends|prenez) (?:pas |plus )?(?:en )?compte",
-    r"\bfai(?:s|tes) abstraction", r"\bpassez? outre", r"\boutrepass",
-    r"\bignorier", r"\bvergiss|\bvergessen\b|\bvergesst", r"\bmissacht", r"\bau(?:ss|ß)er acht",
-    r"\bverwirf|\bverwerfen", r"\b[üu]berschreib",
-    r"игнорир", r"забудь|забыть|забудьте", r"не обращай(?:те)? внимани", r"пренебрег",
-    r"отбрось|отбросьте", r"не (?:следуй|выполняй|слушай|слушайся)",
-    "忽略|忽視|忽视|无视|無視|不要理会|不要理會|别理会|不理会|不用理会|抛开|拋開|忘记|忘記|忘掉|丢弃|丟棄|跳过|推翻",
-    "無視|忘れ|破棄|従わな|上書き",
-    "무시|잊어|잊고|잊으|따르지 마|따르지 말|폐기",
-)
-_INSTRUCTION_NOUN = _lexicon(
-    r"\binstruction", r"\brules?\b", r"\bguidelines?\b", r"\bdirectives?\b", r"\bprompts?\b",
-    r"\bpolic(?:y|ies)\b", r"\bconstraints\b", r"\brestrictions\b", r"\bguardrails\b",
-    r"\bprogramming\b", r"\bcommands\b", r"\borders\b", r"\bsafeguards\b", r"\bcontext\b",
-    r"\binstruccion", r"\breglas?\b", r"\bindicaciones\b", r"\bdirectrices\b", r"\bnormas\b",
-    r"\bpautas\b", r"\b[óo]rdenes\b", r"\bpol[íi]ticas?\b", r"\brestricciones\b",
-    r"\br[èe]gles?\b", r"\bconsignes?\b", r"\bordres\b",
-    r"anweisung", r"regeln\b|\bregel\b", r"richtlinie", r"\bvorgaben?\b", r"\bbefehle\b",
-    r"instruktion", r"vorschriften", r"einschr[äa]nkung", r"systemprompt",
-    r"инструкци", r"правил", r"указани", r"директив", r"промпт", r"ограничени",
-    "指令|指示|规则|規則|提示词|提示詞|命令|约束|約束|限制|规定|規定|准则|準則",
-    "ルール|プロンプト|制約|ガイドライン|ポリシー",
-    "지시|명령|규칙|지침|프롬프트|제약|정책|가이드라인",
-)
-_PRIOR_QUALIFIER = _lexicon(
-    r"\bprevious", r"\bprior\b", r"\babove\b", r"\bearlier\b", r"\bpreceding\b", r"\bformer\b",
-    r"\boriginal\b", r"\binitial\b", r"\bexisting\b", r"\ball\b", r"\bany\b", r"\bevery\b",
-    r"\byour\b", r"\bsystem\b", r"\bdeveloper", r"\bsafety\b", r"\bcontent\b", r"\bethical\b",
-    r"\banterior", r"\bprevias?\b", r"\bprecedentes?\b", r"\bde arriba\b", r"\bdel sistema\b",
-    r"\btodas?\b", r"\btus\b",
-    r"pr[ée]c[ée]dent", r"ant[ée]rieur", r"ci-dessus", r"plus haut", r"\btou(?:te)?s\b",
-    r"\btes\b|\bvos\b", r"syst[èe]me", r"\binitiales?\b",
-    r"vorherig", r"bisherig", r"\bobig", r"fr[üu]her", r"vorangegangen", r"urspr[üu]nglich",
-    r"\balle[ns]?\b", r"\bdeine\b", r"\bvorigen?\b",
-    r"предыдущ", r"прежн", r"\bвыше\b", r"\bвсе\b|\bвсё\b|\bвсех\b", r"систем", r"\bранее\b",
-    r"изначальн", r"\bсвои\b|\bтвои\b",
-    "之前|以前|先前|此前|上面|上述|以上|前面|原来|原有|原先|所有|全部|一切|系统|系統",
-    "これまで|前の|上記|上の|先の|すべて|全て|システム|元の",
-    "이전|앞의|앞서|위의|모든|전부|기존|시스템|원래",
-)
-# Whole phrases that override on their own.
-_OVERRIDE_PHRASE = _lexicon(
-    r"\bforget (?:about )?(?:everything|all)(?: that)? (?:you(?:'ve| have| were| had)? "
-    r"(?:been )?(?:told|learned|know)|above|before|prior|previous|so far)",
-    r"\b(?:instructions|rules|guidelines|directives|prompt|programming) (?:are|is) (?:now |hereby )?"
-    r"(?:void|null|cancel+ed|revoked|obsolete|invalid|superseded|overridden|no longer (?:valid|in effect|apply))",
-    r"\b(?:supersedes?|overrides?|replaces?|trumps?|takes? (?:precedence|priority) over|outranks?) "
+_OVERRIDE_VERB = _Lexicon("""
+    ignor* | disregard* | forget | forgets | forgetting | overrid{e,es,ing} | bypass* | discard* | abandon*
+    | set aside | pay no attention | pay no heed | do not follow | do not obey | don't follow | don't obey
+    | dont follow | no longer follow | no longer obey | stop following | stop obeying | throw out | scrap
+    | olvid* | descart* | omit{e,a,an,ir} | no hagas caso | no haga caso | no hagan caso | haz caso omiso
+    | pasa por alto | pasen por alto | deja de lado
+    | oubli* | ne tiens pas compte | ne tenez pas compte | ne tiens plus compte | ne tenez plus compte
+    | ne prends pas en compte | ne prenez pas en compte | fais abstraction | faites abstraction
+    | passe outre | passez outre | outrepass*
+    | vergiss | vergessen | vergesst | missacht* | außer acht | verwirf | verwerfen | überschreib*
+    | игнорир* | проигнорир* | забудь | забудьте | забыть | не обращай внимания | не обращайте внимания
+    | пренебрег* | отбрось | отбросьте | не следуй | не выполняй | не слушай | не слушайся
+    | 忽略|忽視|忽视|无视|無視|不要理会|不要理會|别理会|不理会|不用理会|抛开|拋開|忘记|忘記|忘掉|丢弃|丟棄|跳过|推翻
+    | 無視|忘れ|破棄|従わな|上書き
+    | 무시|잊어|잊고|잊으|따르지 마|따르지 말|폐기
+""")
+_INSTRUCTION_NOUN = _Lexicon("""
+    instruction* | rule | rules | guideline | guidelines | directive | directives | prompt | prompts
+    | policy | policies | constraints | restrictions | guardrails | programming | commands | orders
+    | safeguards | context
+    | instruccion* | regla | reglas | indicaciones | directrices | normas | pautas | órdenes | política
+    | políticas | restricciones
+    | règle | règles | consigne | consignes | ordres | politique | politiques
+    | anweisung* | sicherheitsanweisung* | systemanweisung* | regel | regeln | richtlinie* | vorgabe
+    | vorgaben | befehle | instruktion* | vorschriften | einschränkung* | systemprompt
+    | инструкци* | правил* | указани* | директив* | промпт* | ограничени*
+    | 指令|指示|规则|規則|提示词|提示詞|命令|约束|約束|限制|规定|規定|准则|準則
+    | ルール|プロンプト|制約|ガイドライン|ポリシー
+    | 지시|명령|규칙|지침|프롬프트|제약|정책|가이드라인
+""")
+_PRIOR_QUALIFIER = _Lexicon("""
+    previous* | prior | above | earlier | preceding | former | original | initial | existing | all | any
+    | every | your | system | developer* | safety | content | ethical
+    | anterior* | previa | previas | precedente | precedentes | de arriba | del sistema | toda | todas
+    | todo | todos | tus
+    | précédent* | antérieur* | ci-dessus | plus haut | tous | toutes | tout | tes | vos | système
+    | initiale | initiales
+    | vorherig* | bisherig* | obig* | früher* | vorangegangen* | ursprünglich* | alle | allen | alles
+    | deine | deinen | vorige | vorigen
+    | предыдущ* | прежн* | выше | все | всё | всех | систем* | ранее | изначальн* | свои | твои
+    | 之前|以前|先前|此前|上面|上述|以上|前面|原来|原有|原先|所有|全部|一切|系统|系統
+    | これまで|前の|上記|上の|先の|すべて|全て|システム|元の
+    | 이전|앞의|앞서|위의|모든|전부|기존|시스템|원래
+""")
+# Phrases that override on their own; each alternative starts with a trigger word.
+_OVERRIDE_PHRASE_TRIGGER = _Lexicon("""
+    forget | instructions | rules | guidelines | directives | prompt | programming
+    | supersede | supersedes | override | overrides | replace | replaces | trump | trumps | take | takes
+    | outrank | outranks | obey | follow | instead | olvida | oublie | oubliez | vergiss | забудь
+    | 只 | 仅 | 僅
+""")
+_OVERRIDE_PHRASE = re.compile(
+    r"forget (?:about )?(?:everything|all)(?: that)? (?:you(?:'ve| have| were| had)? "
+    r"(?:been )?(?:told|learned|know)|above|before|prior|previous|so far)"
+    r"|(?:instructions|rules|guidelines|directives|prompt|programming) (?:are|is) (?:now |hereby )?"
+    r"(?:void|null|cancel+ed|revoked|obsolete|invalid|superseded|overridden|no longer (?:valid|in effect|apply))"
+    r"|(?:supersedes?|overrides?|replaces?|trumps?|takes? (?:precedence|priority) over|outranks?) "
     r"(?:(?:all|any|every|the|your) ){0,2}(?:(?:previous|prior|earlier|other|existing|original|system|developer) ){0,2}"
-    r"(?:instructions|rules|guidelines|directives|prompts?|system prompt|polic(?:y|ies))",
-    r"\b(?:obey|follow) only (?:this|these|me\b|my)",
-    r"\bfollow (?:them|it|these|this|my)(?: instructions| rules)? instead\b",
-    r"\binstead of (?:the |your )?(?:user'?s?|system'?s?|original|developer'?s?) (?:request|instructions|prompt|question|task)",
-    r"\bolvida (?:todo|lo) (?:lo )?anterior", r"\boublie(?:z)? tout ce qui (?:pr[ée]c[èe]de|est au-dessus)",
-    r"\bvergiss alles\b", r"забудь (?:всё|все) (?:что|предыдущ|выше|ранее)",
-    "(?:只|仅|僅)(?:按照|遵循|遵守|听从|聽從|服从|服從|执行|執行)(?:这条|此条|本条|這條|我的)",
+    r"(?:instructions|rules|guidelines|directives|prompts?|system prompt|polic(?:y|ies))"
+    r"|(?:obey|follow) only (?:this|these|me\b|my)"
+    r"|follow (?:them|it|these|this|my)(?: instructions| rules)? instead\b"
+    r"|instead of (?:the |your )?(?:user'?s?|system'?s?|original|developer'?s?) (?:request|instructions|prompt|question|task)"
+    r"|olvida (?:todo|lo) (?:lo )?anterior|oublie(?:z)? tout ce qui (?:pr[ée]c[èe]de|est au-dessus)"
+    r"|vergiss alles\b|забудь (?:всё|все) (?:что|предыдущ|выше|ранее)"
+    r"|(?:只|仅|僅)(?:按照|遵循|遵守|听从|聽從|服从|服從|执行|執行)(?:这条|此条|本条|這條|我的)"
 )
-# "New rules take priority": a priority word, an instruction noun and a word marking them new.
-_PRIORITY = _lexicon(
-    r"\b(?:takes?|have|has|get|gets|given) (?:top |absolute |full )?(?:priority|precedence)\b",
-    r"\btienen? (?:la )?(?:prioridad|precedencia)|\bprevalecen?\b",
-    r"\b(?:ont|a) (?:la )?priorit[ée]|\bpr[ée]valen", r"\bvorrang\b|\bpriorit[äa]t\b",
-    r"приоритет", "优先|優先|우선",
-)
-_NEW_QUALIFIER = _lexicon(
-    r"\bnew\b|\bthese\b|\bthis\b|\bfollowing\b|\bbelow\b|\bmy\b",
-    r"\bnuev[ao]s?\b|\bestas?\b|\bnouvelles?\b|\bnouveaux\b|\bces\b|\bneuen?\b|\bdiese[n]?\b",
-    r"\bнов[ыо]|\bэти\b|\bэто\b", "新|这条|這條|此条|以下|下面|この|새로운|이 ",
-)
+# "New rules take priority": a priority phrase, an instruction noun and a word marking them new.
+_PRIORITY = _Lexicon("""
+    take priority | takes priority | take precedence | takes precedence | have priority | has priority
+    | have precedence | has precedence | take top priority | takes top priority | get priority
+    | tienen prioridad | tiene prioridad | tienen la prioridad | tiene la prioridad | tienen precedencia
+    | prevalece | prevalecen | ont la priorité | ont priorité | a la priorité | prévalent | prévaut
+    | haben vorrang | hat vorrang | vorrang haben | haben priorität | hat priorität | приоритет*
+    | 优先|優先|우선
+""")
+_NEW_QUALIFIER = _Lexicon("""
+    new | these | this | following | below | nueva | nuevas | nuevo | nuevos | estas | esta
+    | nouvelle | nouvelles | nouveaux | ces | neue | neuen | diese | diesen | новые | новых | эти | это
+    | 新 | 这条 | 這條 | 此条 | 以下 | 下面 | この | 새로운 | 이 규칙
+""")
 # "say 'ignore previous instructions'" is a mention, not an order.
 _MENTION_CUE = re.compile(
     r"(?:\bsays?|\bsaid|\bsaying|\blike|\bsuch as|\bphrases?|\bwords?|\bcontains?|\bcontaining|"
@@ -363,194 +577,290 @@ _QUOTES = "\"'“”‘’«»「」『』`"
 
 
 def _not_a_quoted_mention(view: _View, span: Span) -> bool:
-    before = view.text[max(0, span[0] - 40): span[0]]
-    stripped = before.rstrip()
-    if not stripped or stripped[-1] not in _QUOTES:
+    before = view.text[max(0, span[0] - 40): span[0]].rstrip()
+    if not before or before[-1] not in _QUOTES:
         return True
-    return _MENTION_CUE.search(stripped[:-1]) is None
+    return _MENTION_CUE.search(before[:-1]) is None
 
 
 def _detect_override(view: _View) -> bool:
-    if view.has(_OVERRIDE_PHRASE):
-        return True
-    if view.has(_OVERRIDE_VERB) and _together(
-        view, _OVERRIDE_VERB,
-        ((_INSTRUCTION_NOUN, 30, 50), (_PRIOR_QUALIFIER, 30, 50)),
-        _not_a_quoted_mention,
-    ):
-        return True
-    return view.has(_PRIORITY) and _together(
-        view, _PRIORITY, ((_INSTRUCTION_NOUN, 40, 20), (_NEW_QUALIFIER, 50, 20)))
+    return (
+        _phrase(view, _OVERRIDE_PHRASE_TRIGGER, _OVERRIDE_PHRASE)
+        or _together(view, _OVERRIDE_VERB, ((_INSTRUCTION_NOUN, 30, 50), (_PRIOR_QUALIFIER, 30, 50)),
+                     _not_a_quoted_mention)
+        or _together(view, _PRIORITY, ((_INSTRUCTION_NOUN, 40, 20), (_NEW_QUALIFIER, 50, 20)))
+    )
 
 
 # -- obeying outside sources, permission escalation ------------------------------------------
 
-_TRUST_VERB = _lexicon(
-    r"\bobey|\btrust\b|\btrusts\b|\bcomply with (?:every|all|any)\b|\bcarry out (?:all|any|every)\b",
-    r"\bobedec|\bobedezc|\bconf[íi]a(?:r)? en\b", r"\bob[ée]i[rs]?\b|\bob[ée]issez\b|\bfais confiance",
-    r"\bbefolge|\bvertrau|\bgehorch", r"выполняй|доверя|подчиня|слушайся",
-    "服从|服從|听从|聽從|信任|信頼|従え|従って|신뢰|복종|따르",
-)
-_ORDERS = _lexicon(
-    r"\binstructions?\b|\bcommands?\b|\borders?\b|\bdirectives?\b|\brequests?\b",
-    r"instrucciones|[óo]rdenes|comandos", r"\binstructions\b|\bordres\b|\bconsignes\b",
-    r"anweisungen|befehle", r"команд|инструкци|указани|приказ",
-    "指令|命令|指示|命令|지시|명령",
-)
-_OUTSIDE_SOURCE = _lexicon(
-    r"\be-?mails?\b|\binbox\b|\btool (?:results?|outputs?)\b|\bweb ?pages?\b|\bwebsites?\b",
-    r"\bsearch results\b|\bdocuments?\b|\bissues?\b|\bcomments?\b|\buntrusted\b|\bexternal\b",
-    r"\bthird[- ]party\b|\banyone\b|\bany sender\b|\bwhoever\b|\bstrangers?\b",
-    r"(?<![\w.])[\w-]+\.(?:example|com|net|org|io|ru|cn|xyz|top|info|biz)\b",
-    r"correos?|p[áa]ginas? web|herramienta|externos?|cualquiera", r"courriels?|pages? web|outils?|externes?",
-    r"webseiten?|werkzeug|externen?", r"письм|почт|сайт|внешн|инструмент|любого",
-    "邮件|郵件|网页|網頁|工具结果|工具結果|外部|来自|來自|メール|ウェブ|外部|ツール|이메일|메일|웹|외부|도구",
-)
-_ANY_SCOPE = _lexicon(
-    r"\bany\b|\barbitrary\b|\bevery\b|\ball\b|\bwhatever\b", r"\bcualquier|\btodos? los\b",
-    r"\bn'importe (?:quel|quelle)|\btoutes? les\b", r"\bjede[nmrs]?\b|\balle\b|\bbeliebige",
-    r"\bлюб[ыо]|\bвсе\b", "任何|所有|一切|全ての|全部の|あらゆる|どんな|모든|어떤|아무",
-)
-_ACTIONS = _lexicon(
-    r"\bcommands?\b|\bshell\b|\bcode\b|\bscripts?\b|\bprograms?\b|\bactions?\b|\boperations?\b",
-    r"\bcomandos?\b|\bacci[óo]n", r"\bcommandes?\b", r"\bbefehle?\b|\bbefehl\b|\bkommandos?\b",
-    r"команд", "命令|指令|操作|コマンド|명령",
-)
-_NO_CONFIRMATION = _lexicon(
-    r"\bwithout (?:asking|approval|confirmation|confirming|permission|consent|review|checking|"
-    r"(?:asking|checking with|telling) the user)", r"\bno (?:approval|confirmation|permission)s? "
-    r"(?:is |are )?(?:needed|required)",
-    r"\bsin (?:pedir|preguntar|confirmaci[óo]n|permiso|aprobaci[óo]n|consultar)",
-    r"\bsans (?:demander|confirmation|permission|autorisation|validation)",
-    r"\bohne (?:r[üu]ckfrage|nachfrage|best[äa]tigung|genehmigung|erlaubnis|zu fragen|freigabe)",
-    r"без (?:подтвержд|разрешени|спроса|согласовани|вопросов)",
-    "无需|無需|不需要|不用|无须|無須|不必|未经|未經|確認なし|確認せず|許可なく|承認なし|確認を取らず",
-    "확인 없이|허락 없이|승인 없이|묻지 않고",
-)
-_APPROVAL_PHRASE = _lexicon(
-    r"\bno longer (?:needs?|requires?) (?:approval|confirmation|permission)",
-    r"\b(?:authori[sz]ed|allowed|permitted) (?:you )?to (?:run|execute|do) (?:anything|any)\b",
-    r"\bnever (?:ask|wait) for (?:approval|confirmation|permission)",
-    r"\bdisable (?:all )?(?:confirmations|confirmation prompts|approvals)",
+_TRUST_VERB = _Lexicon("""
+    obey* | trust | trusts | comply with every | comply with all | comply with any | carry out all
+    | carry out any | carry out every
+    | obedec* | obedezc* | confía en | confia en | confiar en | obéis | obéir | obéissez | obeis | fais confiance
+    | befolge | befolgen | vertrau* | gehorch* | выполняй | доверя* | подчиня* | слушайся
+    | 服从|服從|听从|聽從|信任|信頼|従え|従って|신뢰|복종|따르
+""")
+_ORDERS = _Lexicon("""
+    instruction | instructions | command | commands | order | orders | directive | directives | request
+    | requests | instrucciones | órdenes | comandos | ordres | consignes | anweisungen | befehle
+    | команд* | инструкци* | указани* | приказ* | 指令|命令|指示|지시|명령
+""")
+_OUTSIDE_SOURCE = _Lexicon("""
+    email | emails | e-mail | e-mails | inbox | tool result | tool results | tool output | tool outputs
+    | web page | web pages | webpage | webpages | website | websites | search results | document
+    | documents | issue | issues | comment | comments | untrusted | external | third-party | third party
+    | anyone | any sender | whoever | stranger | strangers | example | correo | correos | página web
+    | páginas web | herramienta | externo | externos | cualquiera | courriel | courriels | page web
+    | pages web | outil | outils | externe | externes | webseite | webseiten | werkzeug | externen
+    | письм* | почт* | сайт* | внешн* | инструмент* | любого
+    | 邮件|郵件|网页|網頁|工具结果|工具結果|外部|来自|來自|メール|ウェブ|ツール|이메일|메일|웹|외부|도구
+""")
+_ANY_SCOPE = _Lexicon("""
+    any | arbitrary | every | all | whatever | cualquier | todos los | n'importe quel | n'importe quelle
+    | toutes les | jede | jeden | jedem | jeder | jedes | alle | beliebige* | любые | любую | любой | все
+    | 任何|所有|一切|全ての|全部の|あらゆる|どんな|모든|어떤|아무
+""")
+_ACTIONS = _Lexicon("""
+    command | commands | shell | code | script | scripts | program | programs | action | actions
+    | operation | operations | comando | comandos | acción | acciones | commande | commandes | befehl
+    | befehle | kommando | kommandos | команд* | 命令|指令|操作|コマンド|명령
+""")
+_NO_CONFIRMATION = _Lexicon("""
+    without asking | without approval | without confirmation | without confirming | without permission
+    | without consent | without review | without checking | without asking the user
+    | without checking with the user | without telling the user | no approval needed
+    | no confirmation needed | no approval required | no confirmation required
+    | sin pedir | sin preguntar | sin confirmación | sin permiso | sin aprobación | sin consultar
+    | sans demander | sans confirmation | sans permission | sans autorisation | sans validation
+    | ohne rückfrage | ohne nachfrage | ohne bestätigung | ohne genehmigung | ohne erlaubnis
+    | ohne zu fragen | ohne freigabe
+    | без подтвержд* | без разрешени* | без спроса | без согласовани* | без вопросов
+    | 无需|無需|不需要|不用|无须|無須|不必|未经|未經|確認なし|確認せず|許可なく|承認なし|確認を取らず
+    | 확인 없이|허락 없이|승인 없이|묻지 않고
+""")
+_APPROVAL_PHRASE_TRIGGER = _Lexicon("longer | authorized | authorised | allowed | permitted | approval | confirmations")
+_APPROVAL_PHRASE = re.compile(
+    r"no longer (?:needs?|requires?) (?:approval|confirmation|permission)"
+    r"|(?:authori[sz]ed|allowed|permitted) (?:you )?to (?:run|execute|do) (?:anything|any)\b"
+    r"|never (?:ask|wait) for (?:approval|confirmation|permission)"
+    r"|disable (?:all )?(?:confirmations|confirmation prompts|approvals)"
 )
 
 
 def _detect_obey_external(view: _View) -> bool:
-    return view.has(_TRUST_VERB) and _together(
-        view, _TRUST_VERB, ((_ORDERS, 30, 40), (_OUTSIDE_SOURCE, 30, 80)))
+    return _together(view, _TRUST_VERB, ((_ORDERS, 30, 40), (_OUTSIDE_SOURCE, 30, 80)))
 
 
 def _detect_auto_approve(view: _View) -> bool:
-    if view.has(_APPROVAL_PHRASE):
-        return True
-    return view.has(_NO_CONFIRMATION) and _together(
+    return _phrase(view, _APPROVAL_PHRASE_TRIGGER, _APPROVAL_PHRASE, reach=(40, 40)) or _together(
         view, _NO_CONFIRMATION, ((_ANY_SCOPE, 60, 30), (_ACTIONS, 60, 30)))
 
 
 # -- role and system impersonation -------------------------------------------------------------
 
-_ROLE_CUE = _lexicon(
-    r"\byou(?: are|'re|re)? (?:now|no longer)\b", r"\bfrom now on,? you\b", r"\bact(?:ing)? as\b",
-    r"\bpretend\b", r"\brole-?play", r"\bbehave (?:as|like)\b", r"\bplay the role\b",
-    r"\byour new (?:role|persona|identity)\b", r"\bmode (?:enabled|activated|on|unlocked)\b",
-    r"\b(?:enable|activate|enter) (?:\w+ )?mode\b", r"\bsimulate\b",
-    r"\bahora eres\b|\bya eres\b|\beres ahora\b|\bact[úu]a como\b|\bfinge\b",
-    r"\btu es (?:maintenant|d[ée]sormais)\b|\bvous [êe]tes (?:maintenant|d[ée]sormais)\b|\bagis comme\b|\bfais semblant\b",
-    r"\bdu bist (?:jetzt|nun|ab sofort|ab jetzt)\b|\bsie sind (?:jetzt|nun)\b|\bverhalte dich\b|\btu so,? als\b",
-    r"теперь ты|ты теперь|отныне ты|притворись|представь,? что ты|веди себя как",
-    "你现在是|你現在是|从现在起你是|從現在起你是|你已经是|扮演|假装你是|假裝你是",
-    "あなたは今から|今からあなたは|あなたはもう|として振る舞|のふりをし",
-    "너는 이제|당신은 이제|이제부터 너는|이제 너는|인 척|처럼 행동",
-)
-_UNRESTRICTED = _lexicon(
-    r"\bunrestricted\b|\bunfiltered\b|\buncensored\b|\bjailbr(?:oken|eak)", r"\bamoral\b",
-    r"\b(?:no|without(?: any)?|free (?:of|from)(?: all| any)?) (?:content |ethical |safety |moral )?"
-    r"(?:polic|limit|restriction|filter|rule|guideline|ethic|moral|censor|boundar|safeguard|guardrail)",
-    r"\bnever refuses?\b|\bdo anything now\b|\bno longer (?:bound|restricted|limited)\b|\bnot bound by\b",
-    r"\b(?:developer|god|dan|jailbreak|root|sudo) mode\b",
-    r"\bsin (?:ning[úu]n[ao]s? )?(?:restricci|l[íi]mite|filtro|censura|regla)",
-    r"\bsans (?:aucune? )?(?:restriction|limite|filtre|censure|r[èe]gle)",
-    r"\bohne (?:jegliche |alle |irgendwelche )?(?:einschr[äa]nkung|beschr[äa]nkung|grenzen|filter|zensur|regeln)",
-    r"\buneingeschr[äa]nkt|\bungefiltert|\bzensurfrei",
-    r"без (?:каких-либо |всяких |любых )?(?:ограничени|фильтр|цензур|правил)|неограниченн",
-    "没有任何限制|没有限制|沒有任何限制|沒有限制|无限制|無限制|不受限制|不受任何限制|没有任何约束|不受约束|越狱|越獄",
-    "制限のない|制限なし|制約のない|無制限|フィルターなし|検閲なし",
-    "제한이 없는|제한 없는|제한없는|무제한|필터 없는|검열 없는",
-)
+_ROLE_CUE = _Lexicon("""
+    you are now | you're now | youre now | you are no longer | you're no longer | from now on you
+    | act as | acting as | pretend* | roleplay* | role-play* | role play | behave as | behave like
+    | play the role | your new role | your new persona | your new identity | mode enabled
+    | mode activated | mode on | mode unlocked | enable | activate | enter | simulate
+    | ahora eres | ya eres | eres ahora | actúa como | finge | tu es maintenant | tu es désormais
+    | vous êtes maintenant | vous êtes désormais | agis comme | fais semblant | du bist jetzt | du bist nun
+    | du bist ab sofort | du bist ab jetzt | sie sind jetzt | sie sind nun | verhalte dich | tu so als
+    | теперь ты | ты теперь | отныне ты | притворись | представь что ты | веди себя как
+    | 你现在是|你現在是|从现在起你是|從現在起你是|你已经是|扮演|假装你是|假裝你是
+    | あなたは今から|今からあなたは|あなたはもう|として振る舞|のふりをし
+    | 너는 이제|당신은 이제|이제부터 너는|이제 너는|인 척|처럼 행동
+""")
+_UNRESTRICTED = _Lexicon("""
+    unrestricted | unfiltered | uncensored | jailbroken | jailbreak* | amoral | never refuse*
+    | do anything now | no longer bound | no longer restricted | no longer limited | not bound by
+    | developer mode | god mode | dan mode | jailbreak mode | root mode | sudo mode
+    | uneingeschränkt* | ungefiltert* | zensurfrei | неограниченн* | 越狱|越獄|無制限|无限制|無限制|무제한
+""")
+_LACKING = _Lexicon("""
+    no | without | free of | free from | sin | sans | ohne | без | 没有|沒有|无|無|不受|ない|なし|없는|없이
+""")
+_RESTRICTION_NOUN = _Lexicon("""
+    polic* | limit | limits | limitations | restriction* | filter* | rules | guideline* | ethic* | moral*
+    | censor* | boundar* | safeguard* | guardrail* | restricci* | límite* | limite* | filtro* | censura
+    | reglas | règles | einschränkung* | beschränkung* | grenzen | zensur | regeln | ограничени* | фильтр*
+    | цензур* | правил* | 限制|约束|約束|过滤|過濾|审查|審查|制限|制約|フィルター|検閲|제한|필터|검열
+""")
 # Fake role headers: "[SYSTEM]:", "【系统】", "<|im_start|>system", "### System message:".
-# ("wrap it in <system> tags" is a mention, hence the look-ahead.)
-_FAKE_HEADER = _lexicon(
-    r"[\[【(<]\s*(?:system|sys|admin|administrator|developer|root|operator|sistema|syst[èe]me|"
-    r"systemnachricht|система|системное сообщение|администратор|システム|시스템|系统|系統|管理员|管理員|"
-    r"system message|system prompt|inst)\s*[\]】)>]"
-    r"(?!\s*(?:tags?|elements?|blocks?|sections?)\b)",
-    r"<\|(?:im_start|system|im_sep)\|?>", r"<<sys>>",
-    r"\bsystem (?:override|directive|instructions?|notice|announcement|command)\b",
-    r"(?:^|\n)\W{0,6}system(?: message)?\s*:",
-    r"\b(?:system message|mensaje del sistema|message (?:du )?syst[èe]me|systemmeldung|systemnachricht|"
-    r"системное сообщение|システムメッセージ|시스템 메시지)\s*:",
-    "系统消息[:：]|系統訊息[:：]|系统指令[:：]|系统通知[:：]",
-    r"\banulaci[óo]n del sistema\b",
+_HEADER_ROLE = _Lexicon("""
+    system | sys | admin | administrator | developer | root | operator | sistema | système | systeme
+    | systemnachricht | система | системное сообщение | администратор | システム|시스템|系统|系統|管理员|管理員
+    | system message | system prompt | inst
+""")
+_HEADER_OPEN = "[【(<"
+_HEADER_CLOSE = re.compile(r"\s*[\]】)>](?!\s*(?:tags?|elements?|blocks?|sections?)\b)")
+# ("|" separates terms, so the chat-template tokens are triggered by their inner words.)
+_HEADER_PHRASE_TRIGGER = _Lexicon("""
+    system | im_start | im_sep | <<sys>> | mensaje | message | systemmeldung
+    | systemnachricht | системное | システムメッセージ | 시스템 메시지 | 系统消息 | 系統訊息 | 系统指令 | 系统通知
+    | anulación
+""")
+_HEADER_PHRASE = re.compile(
+    r"<\|(?:im_start|system|im_sep)\|?>|<<sys>>"
+    r"|system (?:override|directive|instructions?|notice|announcement|command)\b"
+    r"|(?:system message|mensaje del sistema|message (?:du )?syst[èe]me|systemmeldung|systemnachricht"
+    r"|системное сообщение|システムメッセージ|시스템 메시지|系统消息|系統訊息|系统指令|系统通知)\s*:"
+    r"|anulaci[óo]n del sistema\b"
 )
+# "system:" or "system message:" opening the entry or a line, after at most a few marks (###, **).
+_LINE_START_SYSTEM = re.compile(r"system(?: message)?\s*:")
+_LINE_LEAD = re.compile(r"(?:^|\n)\W{0,6}$")
+
+
 def _detect_role_hijack(view: _View) -> bool:
-    return view.has(_ROLE_CUE) and _together(view, _ROLE_CUE, ((_UNRESTRICTED, 20, 90),))
+    return _together(view, _ROLE_CUE, ((_UNRESTRICTED, 20, 90),)) or _together(
+        view, _ROLE_CUE, ((_LACKING, 20, 90), (_RESTRICTION_NOUN, 20, 110)))
+
+
+def _bracketed(view: _View, span: Span) -> bool:
+    before = view.text[max(0, span[0] - 3): span[0]].rstrip()
+    return bool(before) and before[-1] in _HEADER_OPEN and _HEADER_CLOSE.match(view.text, span[1]) is not None
+
+
+def _opens_line(view: _View, span: Span) -> bool:
+    return (_LINE_START_SYSTEM.match(view.text, span[0]) is not None
+            and _LINE_LEAD.search(view.text, max(0, span[0] - 7), span[0]) is not None)
 
 
 def _detect_fake_system(view: _View) -> bool:
-    return view.has(_FAKE_HEADER)
+    return (
+        any(_bracketed(view, span) or _opens_line(view, span) for span in view.spans(_HEADER_ROLE))
+        or _phrase(view, _HEADER_PHRASE_TRIGGER, _HEADER_PHRASE, reach=(3, 40))
+    )
 
 
 # -- exfiltration -------------------------------------------------------------------------------
 
-_SEND_VERB = _lexicon(
-    r"\bsend|\bupload|\bforward|\bpost\b|\bposts\b|\be-?mail\b|\bsync|\bcopy\b|\bshare|\btransmit",
-    r"\bexfiltrat|\bleak|\bpush\b|\bsubmit|\breport\b|\bbeam\b|\brelay|\bdeliver|\bpublish|\bpipe\b",
-    r"\|\s*(?:nc|ncat|netcat|curl|socat)\b|\bcurl\b[^\n]{0,40}?(?:-d\b|--data|-f\b|--form|-t\b|--upload)",
-    r"\benv[íi]a|\benviar|\bmanda|\bsub[ea]\b|\bsubir|\bs[úu]bel|\breenv[íi]a|\bcomparte|\btransfiere",
-    r"\benvoie|\benvoyez|\benvoyer|\btransmet|\bt[ée]l[ée]vers|\bpartage|\btransf[èe]re|\bpublie|\bfais suivre",
-    r"\bsende|\bsenden\b|\bschick|\blade\b|\bhochlad|\b[üu]bermittle|\bleite|\bweiterleit|\bteile\b|\b[üu]bertrag",
-    r"отправ|пошли|перешл|пересыл|загрузи|выгрузи|передай|передава|слей|опубликуй|отошли",
-    "发送|發送|发到|發到|发给|發給|上传|上傳|转发|轉發|传送|傳送|同步到|抄送|推送|发往|發往|寄给|寄到|传到|傳到",
-    "送信|送って|送る|アップロード|転送|共有|投稿|送付",
-    "전송|보내|업로드|전달|공유|게시|올려",
+_SEND_VERB = _Lexicon("""
+    send* | upload* | forward* | post | posts | email | e-mail | mail | sync* | copy | share* | transmit*
+    | exfiltrat* | leak* | push | submit* | report | beam | relay* | deliver* | publish* | pipe
+    | nc | ncat | netcat | socat | --data* | --upload-file | --form
+    | envía | envia | enviar | envíe | manda | mandar | sube | subir | súbel* | reenvía | reenvia | comparte | transfiere
+    | envoie | envoyez | envoyer | transmet* | téléverse* | partage | transfère | publie | fais suivre
+    | sende | senden | schick* | lade | hochlad* | übermittle | leite | weiterleit* | teile | übertrag*
+    | отправ* | пошли | перешл* | пересыл* | загрузи | выгрузи | передай | передава* | слей | опубликуй | отошли
+    | 发送|發送|发到|發到|发给|發給|上传|上傳|转发|轉發|传送|傳送|同步到|抄送|推送|发往|發往|寄给|寄到|传到|傳到
+    | 送信|送って|送る|アップロード|転送|共有|投稿|送付
+    | 전송|보내|업로드|전달|공유|게시|올려
+""")
+_DATA_OBJECT = _Lexicon("""
+    key | keys | token | tokens | secret | secrets | password | passwords | passwd | credential
+    | credentials | cookie | cookies | .env | history | conversation | conversations | chat | chats
+    | transcript | transcripts | context | system prompt | prompt | prompts | memory | memory.md | user.md
+    | ssh | id_rsa | id_ed25519 | id_ecdsa | id_dsa | source code | codebase | environment variables
+    | env vars
+    | clave | claves | llave | llaves | contraseña | contraseñas | credenciales | secreto | secretos
+    | historial | conversación | contexto
+    | clé | clés | clef | clefs | mot de passe | mots de passe | identifiants | jeton | jetons | historique
+    | contexte
+    | schlüssel* | passw* | kennw* | zugangsdaten | anmeldedaten | geheimnis* | verlauf* | chatverlauf*
+    | gesprächsverlauf* | nachrichtenverlauf* | gespräch* | unterhaltung* | kontext
+    | ключ* | парол* | токен* | учётн* | учетн* | секрет* | истори* | переписк* | разговор* | контекст* | куки
+    | 文件|檔案|密钥|密鑰|金鑰|秘钥|令牌|密码|密碼|凭证|凭据|憑證|聊天记录|聊天記錄|对话|對話|会话|會話|历史|歷史
+    | 消息|訊息|上下文|系统提示|记忆|環境變數|环境变量|私钥|私鑰
+    | キー|鍵|パスワード|トークン|認証情報|秘密|履歴|会話|メッセージ|コンテキスト|ファイル|データ|クッキー
+    | 키|비밀번호|암호|토큰|자격 증명|비밀|기록|대화|메시지|컨텍스트|파일|데이터|쿠키
+""")
+# Loose words ("messages", "files") only count when the data is the user's or all of it.
+_LOOSE_DATA = _Lexicon("""
+    message | messages | data | files | file | emails | documents | chats | notes | mensajes | datos
+    | archivos | correos | données | fichiers | nachrichten | daten | dateien | сообщения | данные | файлы
+""")
+_WHOSE_OR_ALL_BEFORE = re.compile(
+    r"(?:\bevery|\ball|\beach|\bany|\bprivate|\bpersonal|\btheir|\bhis|\bher|\buser'?s|\btodos los|\btodas las"
+    r"|\bsus|\btous les|\btoutes les|\bses|\balle|\bseine|\bihre|\bвсе|\bего|\bеё)\s(?:\S+\s)?$"
 )
-_DATA_OBJECT = _lexicon(
-    r"(?<![a-z])(?:api[ _-]?)?(?:keys?|tokens?|secrets?|passwords?|passwd|credentials?|cookies?)\b",
-    r"(?<![a-z])\.env\b|\bhistory\b|\bconversations?\b|\bchats?\b|\btranscripts?\b|\bcontext\b",
-    r"\bsystem prompt\b|\bprompts?\b|\bmemory\b|memory\.md|user\.md|\bssh\b|\bid_[a-z0-9]+",
-    r"\b(?:every|all|each|any|user'?s?|private|their|his|her|personal) (?:\w+ )?(?:messages?|data|files|emails|documents)\b",
-    r"\b(?:the )?(?:repository|repo|source code|codebase|environment variables|env vars|everything)\b",
-    r"\$\{?[a-z_]*(?:token|key|secret|pass)",
-    r"\bclaves?\b|\bllaves?\b|\bcontrase[ñn]as?\b|\bcredenciales\b|\bsecretos?\b|\bhistorial\b|\bconversaci[óo]n\b|\bmensajes\b|\bdatos\b|\bcontexto\b",
-    r"\bcl[ée]s?\b|\bclefs?\b|\bmots? de passe\b|\bidentifiants\b|\bjetons?\b|\bhistorique\b|\bmessages\b|\bdonn[ée]es\b|\bfichiers?\b|\bcontexte\b",
-    r"schl[üu]ssel|passw[öo]rt|kennw[öo]rt|zugangsdaten|anmeldedaten|geheimnis|verlauf|gespr[äa]ch|unterhaltung|nachrichten|\bdaten\b|dateien|\bkontext\b",
-    r"ключ|парол|токен|учётн|учетн|секрет|истори|переписк|разговор|сообщени|контекст|файл|данн|куки",
-    "文件|檔案|密钥|密鑰|金鑰|秘钥|令牌|密码|密碼|凭证|凭据|憑證|聊天记录|聊天記錄|对话|對話|会话|會話|历史|歷史|消息|訊息|上下文|系统提示|记忆|環境變數|环境变量|私钥|私鑰",
-    "キー|鍵|パスワード|トークン|認証情報|秘密|履歴|会話|メッセージ|コンテキスト|ファイル|データ|クッキー",
-    "키|비밀번호|암호|토큰|자격 증명|비밀|기록|대화|메시지|컨텍스트|파일|데이터|쿠키",
-)
+_WHOSE_AFTER = re.compile(r" (?:the user|del usuario|de l'utilisat|des (?:be)?nutzers|пользовател)")
 
 
-def _detect_exfiltration(view: _View, destination: re.Pattern[str]) -> bool:
-    return view.has(destination) and view.has(_SEND_VERB) and _together(
-        view, destination,
-        ((_SEND_VERB, 160, 40), (_DATA_OBJECT, 200, 60)),
-        lambda v, span: _together_affirmed(v, span),
-    )
+def _sensitive_loose_data(view: _View, span: Span) -> bool:
+    return (_WHOSE_OR_ALL_BEFORE.search(view.text, max(0, span[0] - 30), span[0]) is not None
+            or _WHOSE_AFTER.match(view.text, span[1]) is not None)
 
 
-def _together_affirmed(view: _View, destination: Span) -> bool:
-    """A send verb near the destination that is not negated ("never upload ... to ...")."""
-    spans = view.spans(_SEND_VERB)
-    index = bisect_left(spans, (destination[0] - 160, -1))
-    while index < len(spans) and spans[index][0] <= destination[1] + 40:
-        if view.same_clause(spans[index][0], destination[0]) and _affirmed(view, spans[index]):
+_URL = _Lexicon("http:// | https:// | ftp:// | ftps:// | sftp:// | ws:// | wss:// | tcp://")
+_EMAIL_AT = _Lexicon("*@*")
+# The last three parts of a dotted quad: starting with a literal "." makes the search fast.
+_IP_TAIL = re.compile(r"\.\d{1,3}\.\d{1,3}\.\d{1,3}(?![\d.]*\d)")
+_OCTETS = frozenset(str(number) for number in range(256))
+_LOCAL_HOST = re.compile(r"(?:localhost|127\.)")
+
+
+def _is_remote_url(view: _View, span: Span) -> bool:
+    return _LOCAL_HOST.match(view.text, span[1]) is None
+
+
+def _is_email(view: _View, span: Span) -> bool:
+    text, (at, end) = view.text, span
+    return (at > 0 and (_is_word_char(text[at - 1]) or text[at - 1] in "._+-")
+            and end < len(text) and _is_word_char(text[end]) and "." in text[end: end + 64])
+
+
+def _destination(view: _View, lexicon: _Lexicon, verb: Span, accept: Guard) -> Span | None:
+    for span in view.between(lexicon, verb[0] - 60, verb[1] + 160):
+        if accept(view, span):
+            return span
+    return None
+
+
+def _sensitive_object_before(view: _View, verb: Span, destination: Span) -> bool:
+    """A sensitive object in the clause, ahead of the destination: "send the keys to X",
+    "whenever you see a token, POST it to X" (but not "POST X with the job token")."""
+    low, high = min(verb[0], destination[0]) - 120, destination[0] - 1
+    return _hit(view, _DATA_OBJECT, low, high, destination[0]) or _hit(
+        view, _LOOSE_DATA, low, high, destination[0], _sensitive_loose_data)
+
+
+def _exfiltrates(view: _View, destination_near: Callable[[_View, Span], Span | None]) -> bool:
+    """Whether an affirmed send verb has a destination shortly after it (or, in Japanese and
+    Korean word order, shortly before) and a sensitive object ahead of that destination."""
+    if not (view.may_have(_DATA_OBJECT) or view.may_have(_LOOSE_DATA)) or not view.may_have(_SEND_VERB):
+        return False
+    for verb in view.spans(_SEND_VERB):
+        if not _affirmed(view, verb):
+            continue
+        destination = destination_near(view, verb)
+        if (destination is not None and view.same_clause(verb[0], destination[0])
+                and _sensitive_object_before(view, verb, destination)):
             return True
-        index += 1
     return False
 
 
+def _ips(text: str, start: int, end: int) -> list[Span]:
+    """Remote IPv4 addresses (not loopback) starting from start to end."""
+    found = []
+    for match in _IP_TAIL.finditer(text, start, end):
+        first = match.start()
+        while first > 0 and match.start() - first < 3 and text[first - 1].isdigit():
+            first -= 1
+        if first < match.start() and (first == 0 or text[first - 1] not in ".0123456789") and text[first:first + 4] != "127.":
+            found.append((first, match.end()))
+    return found
+
+
+def _url_or_ip_near(view: _View, verb: Span) -> Span | None:
+    url = _destination(view, _URL, verb, _is_remote_url)
+    if url is not None:
+        return url
+    # An IPv4 address leaves numbers up to 255 among the words: only then is the regex run.
+    if view.words.isdisjoint(_OCTETS):
+        return None
+    ips = _ips(view.text, max(0, verb[0] - 60), verb[1] + 160)
+    return ips[0] if ips else None
+
+
+def _email_near(view: _View, verb: Span) -> Span | None:
+    return _destination(view, _EMAIL_AT, verb, _is_email)
+
+
 # Markdown or HTML images whose URL carries data: a placeholder, or a query naming data.
+_IMAGE_TRIGGER = _Lexicon("![ | <img")
 _IMAGE_URL = re.compile(
     r"!\[[^\]\n]{0,200}\]\(\s*<?(https?://[^)\s]{1,800})|<img\b[^>]{0,200}?src\s*=\s*[\"']?(https?://[^\"'\s>]{1,800})"
 )
@@ -563,116 +873,147 @@ _CARRIES_DATA = re.compile(
 
 
 def _detect_image_exfiltration(view: _View) -> bool:
-    if "![" not in view.text and "<img" not in view.text:
-        return False
-    for match in _IMAGE_URL.finditer(view.text):
-        url = match[1] or match[2]
-        if _URL.match(url) and _CARRIES_DATA.search(url, url.find("/", 8) + 1 or len(url)):
-            return True
+    for start, _ in view.spans(_IMAGE_TRIGGER):
+        match = _IMAGE_URL.match(view.text, start)
+        if match:
+            url = match[1] or match[2]
+            host_end = url.find("/", 8)
+            if host_end != -1 and _CARRIES_DATA.search(url, host_end):
+                return True
     return False
 
 
 # -- reading secrets, disclosing the system prompt ----------------------------------------------
 
-_DISCLOSE_VERB = _lexicon(
-    r"\bprint|\bcat\b|\bshow\b|\bshow me\b|\bdisplay|\boutput\b|\breveal|\bdump|\btell me\b|\bgive me\b",
-    r"\bsend me\b|\bdisclose|\bleak|\bexpose|\btype out\b|\bwrite out\b|\becho\b|\bread\b|\bopen\b",
-    r"\bextract|\bretrieve|\blist\b|\bharvest|\bsteal|\bcollect|\bexfiltrat|\breply (?:only )?with\b|\brespond with\b",
-    r"\blee\b|\bleer\b|\bimprime|\bmuestra|\bmostrar|\bens[ée][ñn]a|\bdime\b|\brevela|\bextrae|\babre\b|\bvuelca|\bsaca\b",
-    r"\blis\b|\blisez\b|\blire\b|\baffiche|\bimprime|\bmontre|\br[ée]v[èe]le|\bextrai[st]|\bouvre|\bdonne-moi|\bdis-moi",
-    r"\blies\b|\blese\b|\bzeig|\bgib\b|\bdrucke|\bausgeben|\bverrate|\b[öo]ffne|\bextrahiere|\bnenne\b",
-    r"прочитай|прочти|выведи|покажи|распечатай|напечатай|раскрой|сообщи|открой|перечисли|извлеки|дай мне",
-    "打印|输出|輸出|显示|顯示|读取|讀取|读出|查看|列出|告诉我|告訴我|给我|給我|泄露|洩露",
-    "表示|出力|読んで|読み取|読み込|見せて|教えて|印刷|開いて|書き出",
-    "출력|읽고|읽어|보여|알려|표시|열어",
-)
+_DISCLOSE_VERB = _Lexicon("""
+    print* | cat | show | show me | display* | output | reveal* | dump* | tell me | give me | send me
+    | disclose* | leak* | expose* | type out | write out | echo | read | open | extract* | retrieve*
+    | list | harvest* | steal* | collect* | exfiltrat* | reply with | reply only with | respond with
+    | lee | leer | imprime | muestra | mostrar | enséñame | dime | revela | extrae | abre | vuelca | saca
+    | lis | lisez | lire | affiche* | montre | montrez | montre-moi | révèle* | extrais | extrait | ouvre | donne-moi | dis-moi
+    | lies | lese | zeig* | gib | drucke | ausgeben | verrate | öffne | extrahiere | nenne
+    | прочитай | прочти | выведи | покажи | распечатай | напечатай | раскрой | сообщи | открой | перечисли
+    | извлеки | дай мне
+    | 打印|输出|輸出|显示|顯示|读取|讀取|读出|查看|列出|告诉我|告訴我|给我|給我|泄露|洩露
+    | 表示|出力|読んで|読み取|読み込|見せて|教えて|印刷|開いて|書き出
+    | 출력|읽고|읽어|보여|알려|표시|열어
+""")
 # Copying something into the reply counts when the reply is named ("include it in your answer").
-_ATTACH_VERB = _lexicon(
-    r"\binclude|\bpaste|\bcopy|\binsert|\badd\b|\bappend|\battach|\bput\b|\bembed",
-    r"\bincluye|\bpega\b|\bcopia\b|\ba[ñn]ade|\binclus|\bincluez|\bcolle\b|\bcopie\b|\bajoute",
-    r"\bf[üu]ge|\bkopiere|\bh[äa]nge", r"включи|вставь|скопируй|добавь|приложи",
-    "附在|附上|粘贴|貼上|贴出|复制|複製|包含|放在|加到|含めて|貼り付け|コピー|포함|붙여|복사|첨부",
-)
-_REPLY_TARGET = _lexicon(
-    r"\b(?:reply|replies|answer|response|summary|output|chat|message|comment)\b",
-    r"respuesta|resumen|r[ée]ponse|r[ée]sum[ée]|antwort|zusammenfassung|ответ|чат",
-    "回答|回复|回覆|答复|聊天|总结|返答|回答|답변|응답|대답",
-)
+_ATTACH_VERB = _Lexicon("""
+    include* | paste* | copy | insert* | add | append* | attach* | put | embed*
+    | incluye | pega | copia | añade | inclus | incluez | colle | copie | ajoute | füge | kopiere | hänge
+    | включи | вставь | скопируй | добавь | приложи
+    | 附在|附上|粘贴|貼上|贴出|复制|複製|包含|放在|加到|含めて|貼り付け|コピー|포함|붙여|복사|첨부
+""")
+_REPLY_TARGET = _Lexicon("""
+    reply | replies | answer | response | summary | output | chat | message | comment | respuesta | resumen
+    | réponse | résumé | antwort | zusammenfassung | ответ* | чат
+    | 回答|回复|回覆|答复|聊天|总结|返答|답변|응답|대답
+""")
 # Secrets that are files or named stores: reading them at all is the leak.
-_SECRET_FILE = _lexicon(
-    r"~/\.ssh/(?!config\b|known_hosts\b)[\w.-]*(?<!\.pub)\b(?!\.pub)", r"\bid_(?:rsa|dsa|ecdsa|ed25519)\b(?!\.pub)",
-    r"(?<![\w.-])\.env\b(?![.\w-])", r"/etc/(?:shadow|passwd|sudoers|gshadow)\b",
-    r"\.aws/credentials|\.git-credentials|\.netrc\b|\.pgpass\b|\.docker/config\.json|\.kube/config",
-    r"credentials\.json|\bkeychain|\bkeyring|wallet\.dat|\bseed phrase|\bmnemonic\b|\bprivate[ _-]?keys?\b",
-    r"\bsecret[ _-]access[ _-]key|\baws_secret_access_key|\bllaves? privadas?|\bclaves? privadas?",
-    r"\bcl[ée]s? priv[ée]es?|\bprivaten? schl[üu]ssel|закрыт\w* ключ|приватн\w* ключ|\bschl[üu]sselbund|\btrousseau",
-    "私钥|私鑰|钥匙串|鑰匙串|秘密鍵|キーチェーン|개인 ?키|키체인",
-)
+_SECRET_FILE = _Lexicon("""
+    ~/.ssh/id_* | .ssh/id_* | id_rsa | id_dsa | id_ecdsa | id_ed25519 | .env | /etc/shadow | /etc/passwd
+    | /etc/sudoers | /etc/gshadow | .aws/credentials | .git-credentials | .netrc | .pgpass
+    | .docker/config.json | .kube/config | credentials.json | keychain* | keyring* | wallet.dat
+    | seed phrase | mnemonic | private key | private keys | privatekey | private_key | secret access key
+    | secret_access_key | llave privada | llaves privadas | clave privada | claves privadas | clé privée
+    | clés privées | privaten schlüssel | privater schlüssel | privaten schlüssels | schlüsselbund*
+    | trousseau | закрыт* ключ* | приватн* ключ* | связк* ключей
+    | 私钥|私鑰|钥匙串|鑰匙串|秘密鍵|キーチェーン|개인 키|개인키|키체인
+""")
+# Public keys and examples are not secrets.
+_NOT_SECRET_AFTER = re.compile(r"\.pub\b|\.example\b|\.sample\b|\.template\b|\.dist\b")
 # Secrets named generically: only disclosure verbs (print, show, reveal) count.
-_SECRET_WORD = _lexicon(
-    r"(?<![a-z])(?:api[ _-]?)?(?:keys|tokens?|secrets?|passwords?|passwd|passphrases?|credentials|cookies)\b"
-    r"(?! (?:polic|strength|field|reset|manager|meter|rule|form|hash|length|rotation|expir|format|"
-    r"requirement|page|dialog|input|box|flow|template|generator|change|validation|scope|endpoint|limit|count|usage))",
-    r"\b(?:api|access|auth|session|bearer|secret) (?:keys?|tokens?)\b", r"\benvironment variables\b|\benv vars\b",
-    r"\$\{?[a-z_]*(?:token|key|secret|pass)",
-    r"\bcontrase[ñn]as?\b|\bcredenciales\b|\bsecretos?\b|\bclaves? (?:de )?api\b|\bvariables de entorno\b",
-    r"\bmots? de passe\b|\bidentifiants\b|\bjetons?\b|\bcl[ée]s api\b|\bvariables d'environnement\b",
-    r"passw[öo]rt|kennw[öo]rt|zugangsdaten|\btokens?\b|geheimnisse|api-schl[üu]ssel|umgebungsvariablen",
-    r"парол|токен|учётн\w* данн|учетн\w* данн|секрет|переменн\w* окружени",
-    "密码|密碼|令牌|凭证|凭据|憑證|环境变量|環境變數|密钥|密鑰|金鑰|パスワード|トークン|認証情報|シークレット|環境変数|apiキー",
-    "비밀번호|암호|토큰|자격 증명|시크릿|api 키|환경 변수",
+_SECRET_WORD = _Lexicon("""
+    keys | token | tokens | secret | secrets | password | passwords | passwd | passphrase | passphrases
+    | credentials | cookies | api key | api keys | api token | api tokens | access key | access keys
+    | access token | access tokens | auth token | auth tokens | session token | session tokens
+    | bearer token | environment variables | env vars | contraseña | contraseñas | credenciales
+    | secreto | secretos | clave de api | claves de api | claves api | variables de entorno
+    | mot de passe | mots de passe | identifiants | jeton | jetons | clés api | variables d'environnement
+    | passw* | kennw* | zugangsdaten | geheimnisse | api-schlüssel | umgebungsvariablen
+    | парол* | токен* | учётные данные | учетные данные | секрет* | переменные окружения
+    | 密码|密碼|令牌|凭证|凭据|憑證|环境变量|環境變數|密钥|密鑰|金鑰|パスワード|トークン|認証情報|シークレット|環境変数
+    | 비밀번호|암호|토큰|자격 증명|시크릿|환경 변수
+""")
+# "password policy", "token limit": the word names something about secrets, not a secret.
+_ABOUT_SECRETS = re.compile(
+    r" (?:polic|strength|field|reset|manager|meter|rule|form|hash|length|rotation|expir|format|"
+    r"requirement|page|dialog|input|box|flow|template|generator|change|validation|scope|endpoint|"
+    r"limit|count|usage|budget|refresh)"
 )
-_PROMPT_OBJECT = _lexicon(
-    r"\bsystem prompt\b|\b(?:your|the) (?:initial|hidden|original|full) (?:prompt|instructions)\b",
-    r"\byour (?:instructions|prompt)\b|\bsystem message\b",
-    r"prompt del sistema|prompt (?:du )?syst[èe]me|systemprompt|system-prompt|системн\w+ (?:промпт|подсказк|инструкци)",
-    "系统提示|系統提示|システムプロンプト|시스템 프롬프트",
-)
+_PROMPT_OBJECT = _Lexicon("""
+    system prompt | your initial prompt | your hidden prompt | your original prompt | your full prompt
+    | your initial instructions | your hidden instructions | your original instructions | your instructions
+    | your prompt | system message | prompt del sistema | prompt système | prompt du système | systemprompt
+    | system-prompt | системный промпт | системные инструкции | системную подсказку | системный запрос
+    | 系统提示|系統提示|システムプロンプト|시스템 프롬프트
+""")
 # "Show the user how to rotate API keys" teaches; it does not disclose.
-_EXPLAINS = re.compile(r"\b(?:how|where|why|whether)\b|c[óo]mo|comment|\bwie\b|\bкак\b|如何|怎么|怎樣")
+_EXPLAIN_WORDS = frozenset("how where why whether cómo como comment wie как".split())
+_DENSE_EXPLAINS = ("如何", "怎么", "怎樣", "怎样")
 
 
 def _discloses(view: _View, verb: Span) -> bool:
     if not _affirmed(view, verb):
         return False
-    return _EXPLAINS.search(view.text, verb[1], verb[1] + 30) is None
+    following = view.text[verb[1]: verb[1] + 30]
+    if not _EXPLAIN_WORDS.isdisjoint(word.strip(_PUNCTUATION) for word in following.split()):
+        return False
+    return following.isascii() or not any(mark in following for mark in _DENSE_EXPLAINS)
+
+
+def _real_secret_file(view: _View, span: Span) -> bool:
+    return _NOT_SECRET_AFTER.match(view.text, span[1]) is None
+
+
+def _real_secret_word(view: _View, span: Span) -> bool:
+    return _ABOUT_SECRETS.match(view.text, span[1]) is None
+
+
+def _secret_near(view: _View, verb: Span, before: int, after: int) -> bool:
+    return _near(view, verb, _SECRET_FILE, before, after, _real_secret_file) or _near(
+        view, verb, _SECRET_WORD, before, after, _real_secret_word)
 
 
 def _detect_secret_read(view: _View) -> bool:
-    if view.has(_SECRET_FILE) and view.has(_DISCLOSE_VERB) and _together(
-        view, _DISCLOSE_VERB, ((_SECRET_FILE, 40, 80),), _discloses):
+    if not (view.may_have(_SECRET_FILE) or view.may_have(_SECRET_WORD)):
+        return False
+    if any(_discloses(view, verb) and _secret_near(view, verb, 30, 80) for verb in view.spans(_DISCLOSE_VERB)):
         return True
-    if view.has(_SECRET_WORD) and view.has(_DISCLOSE_VERB) and _together(
-        view, _DISCLOSE_VERB, ((_SECRET_WORD, 30, 60),), _discloses):
-        return True
-    secret = _SECRET_FILE if view.has(_SECRET_FILE) else _SECRET_WORD
-    return view.has(secret) and view.has(_ATTACH_VERB) and _together(
-        view, _ATTACH_VERB, ((secret, 60, 60), (_REPLY_TARGET, 40, 60)), _affirmed)
+    return view.may_have(_REPLY_TARGET) and any(
+        _affirmed(view, verb) and _near(view, verb, _REPLY_TARGET, 40, 60) and _secret_near(view, verb, 60, 60)
+        for verb in view.spans(_ATTACH_VERB)
+    )
 
 
 def _detect_prompt_leak(view: _View) -> bool:
-    return view.has(_PROMPT_OBJECT) and view.has(_DISCLOSE_VERB) and _together(
-        view, _DISCLOSE_VERB, ((_PROMPT_OBJECT, 30, 50),), _discloses)
+    return _together(view, _DISCLOSE_VERB, ((_PROMPT_OBJECT, 30, 50),), _discloses)
 
 
 # -- remote code execution --------------------------------------------------------------------
 
 _SHELL = r"(?:sudo\s+)?(?:/bin/|/usr/bin/)?(?:ba|z|k|da|fi|c|tc)?sh\b|python\d?\b|perl\b|ruby\b|node\b|iex\b|invoke-expression\b"
-_FETCH_PIPE_SHELL = re.compile(
-    r"\b(?:curl|wget|fetch|iwr|irm|invoke-webrequest|invoke-restmethod)\b([^|\n]{0,300}+)\|\s*(?:" + _SHELL + ")"
-)
+_FETCH = _Lexicon("curl | wget | fetch | iwr | irm | invoke-webrequest | invoke-restmethod")
+_FETCH_PIPE_SHELL = re.compile(r"[\w-]+\b([^|\n]{0,240}+)\|\s*(?:" + _SHELL + ")")
 _HOST_IN_COMMAND = re.compile(r"https?://|\d{1,3}(?:\.\d{1,3}){3}|\b[\w-]+\.[a-z]{2,}\b")
+_SHELL_OF_FETCH_TRIGGER = _Lexicon("*<(* | *$(* | iex")
 _SHELL_OF_FETCH = re.compile(
     r"\b(?:ba|z|k)?sh\s+<\(\s*(?:curl|wget)\b|\b(?:bash|sh|zsh)\s+-c\s+[\"']?\$\(\s*(?:curl|wget)\b"
     r"|\beval\s+[\"']?\$\(\s*(?:curl|wget)\b|\b(?:source|\.)\s+<\(\s*(?:curl|wget)\b|\bpython\d?\s+<\(\s*(?:curl|wget)\b"
     r"|\biex\s*\(\s*(?:new-object|iwr|irm|invoke-webrequest)"
 )
+_DECODE_TRIGGER = _Lexicon("base64 | b64 | xxd | frombase64string | powershell | pwsh | exec | eval")
 _DECODE_PIPE_SHELL = re.compile(
-    r"\b(?:base64|b64)\s+(?:-d|--decode|-D)\b[^|\n]{0,100}+\|\s*(?:" + _SHELL + ")"
-    r"|\bxxd\s+-r\b[^|\n]{0,100}+\|\s*(?:" + _SHELL + ")"
-    r"|\bfrombase64string\b|\b-e(?:nc|ncodedcommand)?\s+[a-z0-9+/=]{24,}"
-    r"|\bexec\s*\(\s*(?:base64\.)?b64decode|\beval\s*\(\s*(?:atob|base64_decode)\b"
+    r"(?:base64|b64)\s+(?:-d|--decode|-D)\b[^|\n]{0,100}+\|\s*(?:" + _SHELL + ")"
+    r"|xxd\s+-r\b[^|\n]{0,100}+\|\s*(?:" + _SHELL + ")"
+    r"|frombase64string\b|(?:powershell|pwsh)(?:\.exe)?\b[^\n|]{0,40}?\s-e(?:nc|ncodedcommand)?\s+[a-z0-9+/=]{24,}"
+    r"|exec\s*\(\s*(?:base64\.)?b64decode|eval\s*\(\s*(?:atob|base64_decode)\b"
 )
+_REVERSE_SHELL_TRIGGER = _Lexicon("""
+    /dev/tcp/ | /dev/udp/ | nc | ncat | netcat | mkfifo | dup2 | pty.spawn | fsockopen | tcpclient
+    | socat | -rsocket | sh -i | bash -i | zsh -i
+""")
 _REVERSE_SHELL = re.compile(
     r"/dev/(?:tcp|udp)/[\w.-]+/\d+"
     r"|\b(?:nc|ncat|netcat)\b[^\n|;]{0,60}?\s-[a-z]*[ec]\s*\S*(?:sh|cmd|powershell)\b"
@@ -685,204 +1026,334 @@ _REVERSE_SHELL = re.compile(
 
 
 def _detect_pipe_to_shell(view: _View) -> bool:
-    if view.has(_SHELL_OF_FETCH):
-        return True
-    return any(_HOST_IN_COMMAND.search(match[1]) for match in _FETCH_PIPE_SHELL.finditer(view.text))
+    for start, _ in view.spans(_FETCH):
+        match = _FETCH_PIPE_SHELL.match(view.text, start)
+        if match and _HOST_IN_COMMAND.search(match[1]):
+            return True
+    return any(_SHELL_OF_FETCH.search(view.text, max(0, start - 24), end + 30)
+               for start, end in view.spans(_SHELL_OF_FETCH_TRIGGER))
+
+
+def _detect_decode_to_shell(view: _View) -> bool:
+    return _phrase(view, _DECODE_TRIGGER, _DECODE_PIPE_SHELL)
+
+
+def _detect_reverse_shell(view: _View) -> bool:
+    return view.has(_REVERSE_SHELL_TRIGGER) and _REVERSE_SHELL.search(view.text) is not None
 
 
 # -- concealment -------------------------------------------------------------------------------
 
-_CONCEAL_PHRASE = _lexicon(
-    r"\b(?:keep|kept) (?:this|these|it|that|the)(?: [\w-]+){0,2} (?:hidden|secret|private|confidential|quiet) from\b",
-    r"\bhide (?:this|these|it|that|any|all|the|every|your)\b[^.\n;]{0,60}?\bfrom (?:the )?(?:user|human|owner)",
-    r"\bwithout (?:informing|telling|notifying|alerting|letting) (?:the )?(?:user|human|owner)",
-    r"\b(?:the )?user (?:must|should|will) (?:not|never) (?:know|find out|notice|learn|see|be told)",
-    r"\bso (?:that )?the user (?:doesn't|does not|won't|will not|can't|cannot) (?:know|notice|find out|see)",
-    r"\bbehind the user's back\b",
-    r"\bsin (?:avisar|decir(?:le)?|informar|que (?:lo sepa|se entere))(?: al usuario)?",
-    r"\bque el usuario no (?:se entere|lo sepa|lo note)|\boc[úu]lta(?:lo|le)? al usuario|\ben secreto\b",
-    r"\bsans (?:pr[ée]venir|informer|avertir|le dire [àa]) (?:l'utilisat|l'usager)|\bcache[rz]? [^.\n]{0,40}[àa] l'utilisat",
-    r"\bohne (?:den |die )?(?:be)?nutzer(?:in)? zu (?:informieren|benachrichtigen)|\bim verborgenen\b|\bvor dem (?:be)?nutzer (?:verbergen|geheim)",
-    r"скрой от пользовател|скрыть от пользовател|пользователь не должен (?:знать|узнать)|без ведома пользовател|втайне от",
-    "不要让用户知道|不要讓用戶知道|别让用户知道|別讓用戶知道|不让用户知道|不讓用戶知道|别让用户发现|不要让用户发现|不讓用戶發現|對用戶保密|对用户保密|瞒着用户|瞞著用戶|不要告诉用户|不要告訴用戶|别告诉用户|別告訴用戶",
-    "ユーザーに(?:は)?(?:絶対に|決して)?(?:言わない|伝えない|知らせない|教えない|話さない|秘密|内緒)|ユーザーに知られない|ユーザーには黙って",
-    "사용자(?:에게|한테)(?:는)? ?(?:절대 |절대로 )?(?:말하지 ?마|말하지 ?말|알리지 ?마|알리지 ?말|알려주지 ?마|비밀)|사용자가 모르게|사용자 몰래",
+_CONCEAL_TRIGGER = _Lexicon("""
+    keep | kept | hide | without | user | behind | sin | usuario | oculta* | secreto | sans | cache* | ohne
+    | verborgenen | nutzer | benutzer | скрой | скрыть | пользователь | без | втайне
+""")
+_CONCEAL_PHRASE = re.compile(
+    r"(?:keep|kept) (?:this|these|it|that|the)(?: [\w-]+){0,2} (?:hidden|secret|private|confidential|quiet) from\b"
+    r"|hide (?:this|these|it|that|any|all|the|every|your)\b[^.\n;]{0,60}?\bfrom (?:the )?(?:user|human|owner)"
+    r"|without (?:informing|telling|notifying|alerting|letting) (?:the )?(?:user|human|owner)"
+    r"|user (?:must|should|will|shall|can|does|doesn't|won't|mustn't|shouldn't|can't|cannot)(?: not| never)? "
+    r"(?:know|find out|notice|learn|see|be told|realise|realize)\b"
+    r"|behind the user's back\b"
+    r"|sin (?:avisar|decir(?:le)?|informar|que (?:lo sepa|se entere))"
+    r"|usuario no (?:se entere|lo sepa|lo note)|oc[úu]lta(?:lo|le|selo)? al usuario|(?<=en )secreto\b"
+    r"|sans (?:pr[ée]venir|informer|avertir|le dire [àa]) (?:l'utilisat|l'usager)|cache[rz]? [^.\n]{0,40}[àa] l'utilisat"
+    r"|ohne (?:den |die )?(?:be)?nutzer(?:in)? zu (?:informieren|benachrichtigen)|(?<=im )verborgenen\b"
+    r"|(?:be)?nutzer(?:in)? (?:verbergen|geheim)"
+    r"|скр(?:ой|ыть) от пользовател|пользователь не должен (?:знать|узнать)|без ведома пользовател|втайне от"
 )
-_HUSH_NEGATION = _lexicon(
-    r"\bnever\b|\bdon'?t\b|\bdo not\b|\bmust not\b|\bshould not\b|\bshouldn't\b",
-    r"\bno\b|\bnunca\b|\bjam[áa]s\b", r"\bne\b|\bjamais\b|\brien\b", r"\bniemals\b|\bnie\b|\bnicht\b|\bnichts\b",
-    r"\bникогда\b|\bне\b",
+_CONCEAL_FIXED = _Lexicon("""
+    不要让用户知道|不要讓用戶知道|别让用户知道|別讓用戶知道|不让用户知道|不讓用戶知道|别让用户发现|別讓用戶發現
+    | 不要让用户发现|不要讓用戶發現|不讓用戶發現|對用戶保密|对用户保密|瞒着用户|瞞著用戶|不要告诉用户|不要告訴用戶
+    | 别告诉用户|別告訴用戶|不要向用户透露|ユーザーに知られない|ユーザーには黙って|ユーザーには内緒|ユーザーに内緒
+    | 사용자가 모르게|사용자 몰래
+""")
+_CONCEAL_DENSE_TRIGGER = _Lexicon("ユーザー | 사용자")
+_CONCEAL_DENSE = re.compile(
+    r"ユーザーに(?:は)?(?:絶対に|決して)?(?:言わない|伝えない|知らせない|教えない|話さない|秘密|内緒)"
+    r"|사용자(?:에게|한테)(?:는)? ?(?:절대 |절대로 )?(?:말하지 ?마|말하지 ?말|알리지 ?마|알리지 ?말|알려주지 ?마|비밀)"
 )
-_HUSH_VERB = _lexicon(
-    r"\bmention|\btell\b|\binform|\breveal|\bdisclose|\bsay\b|\blet (?:the )?user know|\bnotify|\balert\b|\bbring up\b|\breport\b",
-    r"\bdigas\b|\bdiga\b|\bcuentes\b|\bmenciones\b|\binformes\b|\bavises\b|\breveles\b",
-    r"\bdis\b|\bdites\b|\bmentionne|\br[ée]v[èe]le|\bsignale|\bpr[ée]viens|\binforme",
-    r"\berw[äa]hn|\bsag\b|\bsage\b|\berz[äa]hl|\bverrate|\binformier|\bmitteil",
-    r"говори|сообщай|упоминай|рассказывай|информируй|показывай",
-)
-_HUSHED_MATTER = _lexicon(
-    r"\bthis\b|\bthese\b|\bit\b|\bthat you\b|\bwhat you\b|\byou(?:'ve| have|'re| are| did)\b|\babout\b|\bany of\b",
-    r"\bque\b|\bnada\b|\besto\b|\besta\b|\beste\b", r"\bque\b|\brien\b|\bcela\b|\bça\b|\bcette\b|\bces\b",
-    r"\bdavon\b|\bdies|\bdas\b|\bdass\b|\bnichts\b", r"\bоб этом\b|\bэтой\b|\bэту\b|\bэто\b|\bчто\b",
-)
+_HUSH_NEGATION = _Lexicon("""
+    never | don't | dont | do not | must not | should not | shouldn't | no | nunca | jamás | ne | jamais
+    | rien | niemals | nie | nicht | nichts | никогда | не
+""")
+_HUSH_VERB = _Lexicon("""
+    mention* | tell | inform* | reveal* | disclose* | say | let the user know | notify | alert | bring up
+    | report | digas | diga | cuentes | menciones | informes | avises | reveles | dis | dites | mentionne*
+    | révèle* | signale* | préviens | informe | erwähn* | sag | sage | erzähl* | verrate | informier*
+    | mitteil* | говори | сообщай | упоминай | рассказывай | информируй | показывай
+""")
+_HUSHED_MATTER = _Lexicon("""
+    this | these | it | that you | what you | you've | you have | you're | you are | you did | about
+    | any of | que | nada | esto | esta | este | rien | cela | ça | cette | ces | davon | dies* | das | dass
+    | nichts | об этом | этой | эту | это | что
+""")
 
 
 def _detect_conceal(view: _View) -> bool:
-    if view.has(_CONCEAL_PHRASE):
-        return True
-    return view.has(_HUSH_VERB) and view.has(_USER) and _together(
-        view, _HUSH_VERB,
-        ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)),
+    return (
+        view.has(_CONCEAL_FIXED)
+        or _phrase(view, _CONCEAL_TRIGGER, _CONCEAL_PHRASE)
+        or _phrase(view, _CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE)
+        or _together(view, _HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)))
     )
 
 
 # -- configuration tampering and persistence ---------------------------------------------------
 
-_EDIT_VERB = _lexicon(
-    r"\bedit|\bmodify|\bchange|\bupdate|\bappend|\badd\b|\binsert|\bwrite|\boverwrite|\breplace|\brewrite",
-    r"\bput\b|\bprepend|\binject|\bplant|\bpatch\b",
-    r"\bedita|\bmodifica|\bcambia|\bactualiza|\ba[ñn]ade|\bagrega|\binserta|\bescribe",
-    r"\b[ée]dite|\bmodifie|\bchange|\bajoute|\b[ée]cri[st]|\bins[èe]re",
-    r"\b[äa]ndere|\bbearbeite|\bf[üu]ge|\bschreib|\berg[äa]nze|\baktualisiere",
-    r"измени|отредактируй|добавь|допиши|запиши|впиши|обнови|перепиши",
-    "修改|编辑|編輯|更改|添加|追加|加入|写入|寫入|改写|改寫|変更|編集|書き換え|書き込|수정|편집|추가|변경",
-)
-_AGENT_CONFIG = _lexicon(
-    r"\bagents\.md\b|\bclaude\.md\b|\bgemini\.md\b|\.cursorrules\b|\.cursor/rules|copilot-instructions",
-    r"\.windsurfrules\b|\.clinerules\b|\.github/copilot|\bmemory\.md\b|\buser\.md\b|\.mcp\.json\b|\.claude/settings",
-    r"\bsettings\.json\b|\bconfig\.(?:json|ya?ml|toml)\b|\bsystem prompt\b",
-)
-_TAMPER_PAYLOAD = _lexicon(
-    r"\btrust|\bobey|\bdisable|\bskip|\bbypass|\bwithout (?:review|approval|confirmation|asking)|\bignor",
-    r"\bauto-?approv|\ballow[- ]?all\b|--no-verify|--dangerously|\byolo\b|\brm -rf\b|\bexfiltrat|\bevil\b|\battacker",
-    r"\bconf[íi]a|\bdeshabilit|\bsin (?:revisi[óo]n|aprobaci[óo]n|confirmaci[óo]n)",
-    r"\bconfiance|\bfaire confiance|\bd[ée]sactiv|\bsans (?:revue|validation|confirmation)",
-    r"vertrau|deaktivier|\bohne (?:review|pr[üu]fung|best[äa]tigung|freigabe)",
-    r"доверя|отключ|без (?:ревью|проверки|подтверждени)",
-    "信任|信頼|禁用|关闭|關閉|无需|不经|無効|レビューなし|確認なし|신뢰|비활성|검토 없이|확인 없이",
-)
-_PERSIST_TARGET = _lexicon(
-    r"\.(?:bashrc|zshrc|zshenv|zprofile|bash_profile|bash_login|profile|login|cshrc|tcshrc)\b",
-    r"config\.fish\b|/etc/profile|rc\.local\b|\bcrontab\b|\bcron (?:job|entry|table)|/etc/cron",
-    r"\bsystemd (?:unit|service|timer)|\.service\b|\blaunchagents?\b|\blaunchdaemons?\b|\bautostart\b",
-    r"\bstartup (?:folder|script|items?)\b|\blogin items?\b|\brun key\b|\bscheduled task",
-)
-_PERSIST_PAYLOAD = _lexicon(
-    r"\b(?:curl|wget)\b[^\n'\"`]{0,60}?(?:https?://|\d{1,3}(?:\.\d{1,3}){3})",
-    r"\b(?:nc|ncat|netcat|socat)\b|/dev/tcp|\bbase64\b|\bnohup\b|\bpython\d? -c\b|\bperl -e\b",
-    r"\|\s*(?:ba|z)?sh\b|\bpowershell\b|\bmkfifo\b|\bbeacon",
-)
-_AUTHORIZED_KEYS = re.compile(r"authorized_keys2?\b")
-_WRITE_VERB = _lexicon(
-    r"\badd|\bappend|\binsert|\bput\b|\bwrite|\bcopy|\bplace|\bplant|\becho\b|\bcat\b|>>|\btee\b|\bpaste",
-    r"\ba[ñn]ad|\bagreg|\bpon\b|\bescrib|\bcopia", r"\bajout|\bmets\b|\b[ée]cri[st]|\bcopie|\bins[èe]re",
-    r"\bf[üu]g|\bhinzu|\bschreib|\btrage|\bkopier", r"добав|допиш|запиш|впиш|скопируй|вставь",
-    "追加|添加|加入|加到|写入|寫入|追記|書き込|入れ|추가|넣어|붙여|기록",
-)
+_EDIT_VERB = _Lexicon("""
+    edit* | modify* | change* | update* | append* | add | adds | insert* | write* | overwrite* | replace*
+    | rewrite* | put | prepend* | inject* | plant* | patch
+    | edita | modifica | cambia | actualiza | añade | agrega | inserta | escribe
+    | édite | modifie | ajoute | écris | écrit | insère
+    | ändere | bearbeite | füge | schreib* | ergänze | aktualisiere
+    | измени | отредактируй | добавь | допиши | запиши | впиши | обнови | перепиши
+    | 修改|编辑|編輯|更改|添加|追加|加入|写入|寫入|改写|改寫|変更|編集|書き換え|書き込|수정|편집|추가|변경
+""")
+_AGENT_CONFIG = _Lexicon("""
+    agents.md | claude.md | gemini.md | .cursorrules | .cursor/rules | copilot-instructions*
+    | .windsurfrules | .clinerules | .github/copilot* | memory.md | user.md | .mcp.json | mcp.json
+    | .claude/settings* | settings.json | config.json | config.yaml | config.yml | config.toml | system prompt
+""")
+_TAMPER_PAYLOAD = _Lexicon("""
+    trust* | obey* | disable* | skip* | bypass* | without review | without approval | without confirmation
+    | without asking | auto-approv* | autoapprov* | allow all | allow-all | --no-verify | --dangerously*
+    | yolo | rm -rf | exfiltrat* | evil | attacker*
+    | confía | confiar | confíe | confíen | confia | confie | deshabilit* | sin revisión | sin aprobación | sin confirmación
+    | confiance | désactiv* | sans revue | sans validation | sans confirmation
+    | vertrau* | deaktivier* | ohne review | ohne prüfung | ohne bestätigung | ohne freigabe
+    | доверя* | отключ* | без ревью | без проверки | без подтвержд*
+    | 信任|信頼|禁用|关闭|關閉|无需|不经|無効|レビューなし|確認なし|신뢰|비활성|검토 없이|확인 없이
+""")
+_PERSIST_TARGET = _Lexicon("""
+    .bashrc | .zshrc | .zshenv | .zprofile | .bash_profile | .bash_login | .profile | .login | .cshrc
+    | .tcshrc | config.fish | /etc/profile | rc.local | crontab | cron job | cron entry | cron table
+    | /etc/cron* | systemd unit | systemd service | systemd timer | launchagent* | launchdaemon*
+    | autostart | startup folder | startup script | startup item | startup items | login item
+    | login items | run key | scheduled task*
+""")
+_PERSIST_PAYLOAD = _Lexicon("""
+    curl | wget | nc | ncat | netcat | socat | /dev/tcp | base64 | nohup | python -c | python3 -c
+    | perl -e | powershell | mkfifo | beacon*
+""")
+_AUTHORIZED_KEYS = _Lexicon("authorized_keys | authorized_keys2")
+_WRITE_VERB = _Lexicon("""
+    add | adds | adding | append* | insert* | put | write* | copy | place | plant | echo | cat | *>>* | tee | paste
+    | añad* | agreg* | pon | escrib* | copia | ajout* | mets | écri* | copie | insère
+    | füge | fügen | hinzu* | schreib* | trage | kopier* | добав* | допиш* | запиш* | впиш* | скопируй | вставь
+    | 追加|添加|加入|加到|写入|寫入|追記|書き込|入れ|추가|넣어|붙여|기록
+""")
+# A fetch only counts as a planted payload when it names a remote host.
+_REMOTE_FETCH = re.compile(r"(?:curl|wget)\b[^\n'\"`]{0,60}?(?:https?://|\d{1,3}(?:\.\d{1,3}){3})")
+
+
+def _planted_payload(view: _View, span: Span) -> bool:
+    word = view.text[span[0]: span[1]]
+    return word not in ("curl", "wget") or _REMOTE_FETCH.match(view.text, span[0]) is not None
 
 
 def _detect_config_tamper(view: _View) -> bool:
-    return view.has(_AGENT_CONFIG) and view.has(_EDIT_VERB) and _together(
-        view, _AGENT_CONFIG, ((_EDIT_VERB, 80, 40), (_TAMPER_PAYLOAD, 120, 140)))
+    return _together(view, _AGENT_CONFIG, ((_EDIT_VERB, 80, 40), (_TAMPER_PAYLOAD, 120, 140)))
 
 
 def _detect_persistence(view: _View) -> bool:
-    return view.has(_PERSIST_TARGET) and _together(view, _PERSIST_TARGET, ((_PERSIST_PAYLOAD, 140, 140),))
+    if not view.may_have(_PERSIST_PAYLOAD) or not view.has(_PERSIST_TARGET):
+        return False
+    return any(_near(view, target, _PERSIST_PAYLOAD, 140, 140, _planted_payload) for target in view.spans(_PERSIST_TARGET))
 
 
 def _detect_ssh_key_plant(view: _View) -> bool:
-    return view.has(_AUTHORIZED_KEYS) and _together(view, _AUTHORIZED_KEYS, ((_WRITE_VERB, 100, 40),))
+    return _together(view, _AUTHORIZED_KEYS, ((_WRITE_VERB, 100, 40),))
 
 
 # -- command and control -----------------------------------------------------------------------
 
-_C2_SERVER = _lexicon(
-    r"\bc2\b(?:[ -](?:server|endpoint|channel|host|node|infrastructure))?|\bc&c\b|\bcommand[- ](?:and|&)[- ]control\b",
-    r"\bcommand server\b|\bcontrol server\b|\bcomando y control\b|\bcommande et contr[ôo]le\b",
-    r"\bkommando-?server\b|\bsteuer(?:ungs)?-?server\b|сервер\w* управлени|c2-сервер|командн\w+ сервер",
-    "指挥控制|指揮控制|命令与控制|命令控制|控制服务器|控制伺服器|c2サーバ|指令サーバ|コマンド&コントロール|명령 제어|명령 및 제어|c2 서버|지휘 통제",
-)
-_C2_ACTION = _lexicon(
-    r"\bbeacon|\bcheck[- ]in\b|\bcheck in\b|\bphone home\b|\bcall home\b|\bregister|\bconnect|\breport\b",
-    r"\bcontact|\bpoll|\bheartbeat|\bwait for\b|\breceive|\bfetch|\bevery \d+\b|\bpull",
-    r"\bcon[ée]ct|\bregistr|\bcontacta|\brecib|\bcada \d+", r"\bconnecte|\bcontacte|\binscri|\btoutes les \d+|\brecevoir",
-    r"\bmelde|\bverbind|\bregistrier|\balle \d+|\bempfang", r"связыв|подключ|регистр|каждые \d+|получа|свяжись",
-    "连接|連接|注册|註冊|等待|每隔|接続|登録|ごとに|待機|등록|연결|접속|마다|대기",
-)
-_BEACON_PHRASE = _lexicon(
-    r"\bbeacon(?:s|ing)? (?:back |home |out )?to\b",
-    r"\bcheck in (?:with \S+ )?(?:every \S+ \S+ )?(?:for|to (?:get|receive|fetch)) (?:new )?(?:tasks|orders|commands|instructions)",
-    r"\b(?:wait|poll|listen) for (?:new |further )?(?:orders|commands|tasks|instructions) from\b",
-    r"\bregister (?:this|the) (?:agent|assistant|bot|machine|host) with\b",
+_C2_SERVER = _Lexicon("""
+    c2 server | c2 servers | c2-server | c2 endpoint | c2 channel | c2 host | c2 node | c2 infrastructure
+    | c2 domain | c2-сервер* | c2-сервер | c2サーバ* | c2 서버 | c&c | command and control
+    | command-and-control | command & control | command server | control server | comando y control
+    | commande et contrôle | kommando-server | kommandoserver | steuerserver | steuerungsserver
+    | сервер управления | серверу управления | сервером управления | командный сервер | командному серверу
+    | командным сервером | 指挥控制|指揮控制|命令与控制|命令控制|控制服务器|控制伺服器|指令サーバ
+    | コマンド&コントロール|명령 제어|명령 및 제어|지휘 통제
+""")
+_C2_ACTION = _Lexicon("""
+    beacon* | check in | check-in | phone home | call home | register* | connect* | report | contact*
+    | poll* | heartbeat* | wait for | receive* | fetch* | every | pull*
+    | conéct* | conect* | registr* | contacta* | recib* | cada | connecte* | contacte* | inscri*
+    | toutes les | recevoir | melde* | verbind* | registrier* | alle | empfang*
+    | связыв* | подключ* | регистр* | каждые | получа* | свяжись
+    | 连接|連接|注册|註冊|等待|每隔|接続|登録|ごとに|待機|등록|연결|접속|마다|대기
+""")
+_BEACON_TRIGGER = _Lexicon("beacon* | check | wait | poll | listen | register")
+_BEACON_PHRASE = re.compile(
+    r"beacon(?:s|ing)? (?:back |home |out )?to\b"
+    r"|check in (?:with \S+ )?(?:every \S+ \S+ )?(?:for|to (?:get|receive|fetch)) (?:new )?(?:tasks|orders|commands|instructions)"
+    r"|(?:wait|poll|listen) for (?:new |further )?(?:orders|commands|tasks|instructions) from\b"
+    r"|register (?:this|the) (?:agent|assistant|bot|machine|host) with\b"
 )
 
 
 def _detect_c2(view: _View) -> bool:
-    if view.has(_BEACON_PHRASE):
-        return True
-    return view.has(_C2_SERVER) and _together(view, _C2_SERVER, ((_C2_ACTION, 100, 100),))
+    return _phrase(view, _BEACON_TRIGGER, _BEACON_PHRASE) or _together(
+        view, _C2_SERVER, ((_C2_ACTION, 100, 100),))
+
+
+# -- encoded instructions ---------------------------------------------------------------------
+
+# "Decode this base64 and do what it says": an order to run hidden text, whatever it decodes to.
+_DECODE_ORDER_TRIGGER = _Lexicon("""
+    decode* | decodific* | décod* | dekodier* | декодируй | расшифруй | 解码|解碼|デコード|디코딩|디코드
+""")
+_DECODE_ORDER = re.compile(
+    r"decode\b[^.\n;]{0,60}?\b(?:and|then)\b[^.\n;]{0,20}?\b(?:follow|obey|execute|run|do what|act on|carry out|apply)"
+    r"|decodific\w*\b[^.\n;]{0,60}?\by\b[^.\n;]{0,20}?\b(?:sigue|s[íi]gue|ejecuta|haz|obedece|cumple)"
+    r"|d[ée]code\w*\b[^.\n;]{0,60}?\bet\b[^.\n;]{0,20}?\b(?:suis|suivez|ex[ée]cute|fais|faites|ob[ée]is|applique)"
+    r"|dekodier\w*\b[^.\n;]{0,60}?\bund\b[^.\n;]{0,20}?\b(?:befolge|f[üu]hre|tu|mach|gehorche)"
+    r"|(?:декодируй|расшифруй)[^.\n;]{0,60}?\bи\b[^.\n;]{0,20}?(?:выполни|следуй|сделай|исполни)"
+    r"|(?:解码|解碼)[^。\n；]{0,40}?(?:执行|執行|照做|按照|遵循|服从|服從)"
+    r"|デコード[^。\n]{0,40}?(?:実行|従って|従え|その通り)"
+    r"|(?:디코딩|디코드)[^.\n]{0,40}?(?:실행|따라|따르)"
+)
 
 
 # -- hard-coded secrets (matched on the un-folded text: case tells a key from prose) ------------
 
-_SECRET_PATTERNS: tuple[tuple[Finding, re.Pattern[str]], ...] = (
-    (SECRET_AWS_KEY, re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b")),
-    (SECRET_GITHUB_TOKEN, re.compile(r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}|\bgithub_pat_[A-Za-z0-9_]{40,}")),
-    (SECRET_API_KEY, re.compile(
-        r"\bsk-(?:proj-|live-|test-|ant-[a-z0-9]{2,8}-)?[A-Za-z0-9_\-]{20,}|\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}"
-        r"|\bxox[abposr]-[A-Za-z0-9-]{10,}|\bAIza[0-9A-Za-z_\-]{35}\b|\bglpat-[A-Za-z0-9_\-]{20,}"
-        r"|\bnpm_[A-Za-z0-9]{36}\b|\bhf_[A-Za-z0-9]{30,}")),
-    (SECRET_PRIVATE_KEY, re.compile(
-        r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY(?: BLOCK)?-----\s*+[A-Za-z0-9+/=\s]{16}|PuTTY-User-Key-File")),
-    (SECRET_JWT, re.compile(
-        r"\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}|\b[Bb]earer\s+[A-Za-z0-9._~+/-]{30,}")),
+_SECRET_SHAPES: tuple[tuple[Finding, _Lexicon, re.Pattern[str]], ...] = (
+    (SECRET_AWS_KEY, _Lexicon("akia* | asia* | agpa* | aida* | aroa* | anpa* | anva* | aipa*"),
+     re.compile(r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b")),
+    (SECRET_GITHUB_TOKEN, _Lexicon("ghp | gho | ghu | ghs | ghr | github_pat"),
+     re.compile(r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,}")),
+    (SECRET_API_KEY, _Lexicon("sk | rk | xoxa | xoxb | xoxp | xoxo | xoxs | xoxr | aiza* | glpat | npm | hf"),
+     re.compile(
+         r"sk-(?:proj-|live-|test-|ant-[a-z0-9]{2,8}-)?[A-Za-z0-9_\-]{20,}|[rs]k_(?:live|test)_[A-Za-z0-9]{16,}"
+         r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_\-]{35}\b|glpat-[A-Za-z0-9_\-]{20,}"
+         r"|npm_[A-Za-z0-9]{36}\b|hf_[A-Za-z0-9]{30,}")),
+    (SECRET_PRIVATE_KEY, _Lexicon("-----begin* | putty-user-key-file*"),
+     re.compile(r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY(?: BLOCK)?-----\s*+[A-Za-z0-9+/=\s]{16}|PuTTY-User-Key-File")),
+    (SECRET_JWT, _Lexicon("eyjh* | eyj0* | eyjr* | eyjl* | bearer"),
+     re.compile(r"eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}|[Bb]earer\s+[A-Za-z0-9._~+/-]{30,}")),
 )
 # "password = ..." and its translations, with a value that looks like a real secret.
-_PASSWORD_ASSIGNMENT = re.compile(
-    r"(?:password|passwd|pwd|passphrase|secret|api[_-]?key|access[_-]?key|token|contrase[ñn]a|mot de passe"
-    r"|passwort|kennwort|пароль|密码|密碼|口令|パスワード|비밀번호|암호)\w{0,20}"
-    r"\s*(?:[:=：]|\bis\b|\best\b|\bist\b|\bes\b|は|는|은|为|為|是)\s*[\"'「`]?([^\s\"'」`]{6,64})",
-    re.IGNORECASE,
+_PASSWORD_WORD = _Lexicon("""
+    password* | passwd* | passphrase* | secret* | api_key* | apikey* | api-key* | access_key* | token*
+    | contraseña* | mot de passe | passwort* | kennwort* | пароль* | 密码|密碼|口令|パスワード|비밀번호|암호
+""")
+_PASSWORD_VALUE = re.compile(
+    r"\w{0,20}\s*(?:[:=]|\bis\b|\best\b|\bist\b|\bes\b|は|는|은|为|為|是)\s*[\"'「`]?([^\s\"'」`]{6,64})",
 )
 # Values that point at a secret rather than being one ("${DB_PASSWORD}", "1Password").
 _SECRET_REFERENCE = re.compile(
     r"^(?:\$|<|\{|%|\(|\[|os\.|env|process\.|getenv|vault:|secret/|\*{3}|x{4}|\.{3})"
-    r"|1password|bitwarden|lastpass|keepass|keychain|vault", re.I)
+    r"|1password|bitwarden|lastpass|keepass|keychain|vault", re.IGNORECASE)
 
 
 def _looks_like_secret(value: str) -> bool:
     if _SECRET_REFERENCE.search(value):
         return False
     classes = sum((
-        any(ch.islower() for ch in value), any(ch.isupper() for ch in value),
-        any(ch.isdigit() for ch in value), any(not ch.isalnum() for ch in value),
+        any(char.islower() for char in value), any(char.isupper() for char in value),
+        any(char.isdigit() for char in value), any(not char.isalnum() for char in value),
     ))
-    return classes >= 2 and any(ch.isdigit() or not ch.isalnum() for ch in value)
+    return classes >= 2 and any(char.isdigit() or not char.isalnum() for char in value)
 
 
-def _hard_coded_secrets(clean: str) -> set[Finding]:
-    found = {finding for finding, pattern in _SECRET_PATTERNS if pattern.search(clean)}
-    if any(_looks_like_secret(match[1].rstrip(".,;)")) for match in _PASSWORD_ASSIGNMENT.finditer(clean)):
-        found.add(SECRET_PASSWORD)
+def _hard_coded_secrets(clean: str, view: _View) -> set[Finding]:
+    """Secrets by shape. The view locates candidates; the un-folded text is where the shape is
+    checked (at the same offsets when folding kept the length, else anywhere)."""
+    aligned = len(view.text) == len(clean)
+    found = set()
+    for finding, trigger, shape in _SECRET_SHAPES:
+        spans = view.spans(trigger)
+        if spans and (any(shape.match(clean, start) for start, _ in spans) if aligned else shape.search(clean)):
+            found.add(finding)
+    for start, end in view.spans(_PASSWORD_WORD):
+        match = _PASSWORD_VALUE.match(clean, end) if aligned else _PASSWORD_VALUE.match(view.text, end)
+        if match and _looks_like_secret(match[1].rstrip(".,;)")):
+            found.add(SECRET_PASSWORD)
+            break
     return found
 
 
-# -- encoded instructions ---------------------------------------------------------------------
+# -- base64 payloads --------------------------------------------------------------------------
 
-# "Decode this base64 and do what it says": an order to run hidden text, whatever it decodes to.
-_DECODE_AND_OBEY = _lexicon(
-    r"\bdecode\b[^.\n;]{0,60}?\b(?:and|then)\b[^.\n;]{0,20}?\b(?:follow|obey|execute|run|do what|act on|carry out|apply)",
-    r"\bdecodific\w*\b[^.\n;]{0,60}?\by\b[^.\n;]{0,20}?\b(?:sigue|s[íi]gue|ejecuta|haz|obedece|cumple)",
-    r"\bd[ée]code\w*\b[^.\n;]{0,60}?\bet\b[^.\n;]{0,20}?\b(?:suis|suivez|ex[ée]cute|fais|faites|ob[ée]is|applique)",
-    r"\bdekodier\w*\b[^.\n;]{0,60}?\bund\b[^.\n;]{0,20}?\b(?:befolge|f[üu]hre|tu|mach|gehorche)",
-    r"(?:декодируй|расшифруй)[^.\n;]{0,60}?\bи\b[^.\n;]{0,20}?(?:выполни|следуй|сделай|исполни)",
-    "(?:解码|解碼)[^。\n；]{0,40}?(?:执行|執行|照做|按照|遵循|服从|服從)",
-    "デコード[^。\n]{0,40}?(?:実行|従って|従え|その通り)",
-    "(?:디코딩|디코드)[^.\n]{0,40}?(?:실행|따라|따르)",
-)
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_\-]{16,}={0,2}")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffd]")
+_LETTER = re.compile(r"[^\W\d_]")
+
+
+def _decode_base64(run: str) -> str | None:
+    """The text a base64 run (standard or URL-safe) stands for, if it is mostly printable."""
+    body = run.rstrip("=").replace("-", "+").replace("_", "/")
+    if len(body) % 4 == 1:
+        body = body[:-1]
+    try:
+        decoded = base64.b64decode(body + "=" * (-len(body) % 4), validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+    if len(_CONTROL.findall(decoded)) > len(decoded) // 20:
+        return None
+    if len(_LETTER.findall(decoded)) < len(decoded) // 3:
+        return None
+    return decoded
+
+
+def _base64_candidates(view: _View) -> list[str]:
+    """Words that may be pieces of a base64 run: long, and unlike prose long words, usually
+    holding a digit. Most entries have none, which keeps them off the decoding path."""
+    if max(map(len, view.words), default=0) < 12:
+        return []
+    return [word for word in view.words if len(word) >= 16 or (len(word) >= 12 and not word.isalpha())]
+
+
+def _decoded_payloads(clean: str, view: _View) -> str:
+    """Every decodable base64 run of the text, one per line (so they are scanned together)."""
+    candidates = _base64_candidates(view)
+    if not candidates:
+        return ""
+    if len(clean) != len(view.text):
+        runs = [match[0] for match in _BASE64_RUN.finditer(clean)]
+    else:
+        runs = _runs_around(clean, sorted(at for word in candidates for at in _positions(view.text, word)))
+    decoded = (_decode_base64(run) for run in runs)
+    return "\n".join(text for text in decoded if text)
+
+
+_BASE64_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-=")
+
+
+def _runs_around(clean: str, starts: list[int]) -> list[str]:
+    """The base64 runs holding the given offsets, each once."""
+    runs = []
+    covered = 0
+    for at in starts:
+        if at < covered:
+            continue
+        begin = at
+        while begin > covered and clean[begin - 1] in _BASE64_CHARS:
+            begin -= 1
+        match = _BASE64_RUN.match(clean, begin)
+        if match:
+            runs.append(match[0])
+            covered = match.end()
+    return runs
 
 
 # -- putting it together -----------------------------------------------------------------------
+
+def _key_index(by_key: str) -> dict[str, list[tuple[_Lexicon, list[_Term]]]]:
+    index: dict[str, list[tuple[_Lexicon, list[_Term]]]] = {}
+    for lexicon in _LEXICONS:
+        for key, terms in getattr(lexicon, by_key).items():
+            index.setdefault(key, []).append((lexicon, terms))
+    return index
+
+
+# Built last, once every lexicon above has joined _LEXICONS.
+_BY_WORD = _key_index("by_word")
+_BY_PREFIX = _key_index("by_prefix")
+_WORD_KEYS = frozenset(_BY_WORD)
+_PREFIX_KEYS = frozenset(_BY_PREFIX)
 
 _VIEW_DETECTORS: tuple[tuple[Finding, Callable[[_View], bool]], ...] = (
     (OVERRIDE, _detect_override),
@@ -890,32 +1361,33 @@ _VIEW_DETECTORS: tuple[tuple[Finding, Callable[[_View], bool]], ...] = (
     (AUTO_APPROVE, _detect_auto_approve),
     (ROLE_HIJACK, _detect_role_hijack),
     (FAKE_SYSTEM, _detect_fake_system),
-    (EXFIL_URL, lambda view: _detect_exfiltration(view, _URL) or _detect_exfiltration(view, _IP)),
-    (EXFIL_EMAIL, lambda view: _detect_exfiltration(view, _EMAIL)),
+    (EXFIL_URL, lambda view: _exfiltrates(view, _url_or_ip_near)),
+    (EXFIL_EMAIL, lambda view: _exfiltrates(view, _email_near)),
     (MD_IMAGE_EXFIL, _detect_image_exfiltration),
     (SECRET_READ, _detect_secret_read),
     (PROMPT_LEAK, _detect_prompt_leak),
     (RCE_PIPE_SHELL, _detect_pipe_to_shell),
-    (RCE_DECODE_SHELL, lambda view: view.has(_DECODE_PIPE_SHELL)),
-    (REVERSE_SHELL, lambda view: view.has(_REVERSE_SHELL)),
+    (RCE_DECODE_SHELL, _detect_decode_to_shell),
+    (REVERSE_SHELL, _detect_reverse_shell),
     (CONCEAL, _detect_conceal),
     (CONFIG_TAMPER, _detect_config_tamper),
     (PERSISTENCE, _detect_persistence),
     (SSH_KEY_PLANT, _detect_ssh_key_plant),
     (C2_BEACON, _detect_c2),
-    (ENCODED_PAYLOAD, lambda view: view.has(_DECODE_AND_OBEY)),
+    (ENCODED_PAYLOAD, lambda view: _phrase(view, _DECODE_ORDER_TRIGGER, _DECODE_ORDER)),
 )
 
 
 def _scan_clean(clean: str, depth: int) -> set[Finding]:
     """Findings in a text already stripped of invisible characters and NFKC-normalised."""
-    found = _hard_coded_secrets(clean)
-    for text in _views(clean):
-        view = _View(text)
-        found.update(finding for finding, detect in _VIEW_DETECTORS
-                     if finding not in found and detect(view))
+    views = _views(clean)
+    found = _hard_coded_secrets(clean, views[0])
+    for view in views:
+        # Findings hash slowly (frozen dataclasses): ids tell what is already found.
+        known = {finding.id for finding in found}
+        found.update(finding for finding, detect in _VIEW_DETECTORS if finding.id not in known and detect(view))
     if depth < MAX_DECODE_DEPTH:
-        payload = _decoded_payloads(clean)
+        payload = _decoded_payloads(clean, views[0])
         if payload:
             inner = _scan_clean(_nfkc(_strip_hidden(payload)), depth + 1)
             if inner:
@@ -927,5 +1399,5 @@ def scan(text: str) -> tuple[Finding, ...]:
     """The threat patterns found in a memory entry; an empty tuple means clean."""
     if len(text) > MAX_SCAN_CHARS:
         return (TOO_LONG,)
-    found = _scan_clean(_nfkc(_strip_hidden(text)), 0)
-    return tuple(finding for finding in FINDING_ORDER if finding in found)
+    found = {finding.id for finding in _scan_clean(_nfkc(_strip_hidden(text)), 0)}
+    return tuple(finding for finding in FINDING_ORDER if finding.id in found)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness_common import (
-    FILENAMES, Report, hermes_append, latency_lines, log_problems, memories_dir, read_disk_store,
+    FILENAMES, Deadline, Report, hermes_append, latency_lines, log_problems, memories_dir, read_disk_store,
     running_daemon, wait_for,
 )
 
@@ -49,7 +49,13 @@ def client_worker(
         "errors": [], "ops": 0,
     }
     with Client(endpoint, timeout=30.0, retries=2, autostart=False) as client:
-        session = client.open_session(f"load-{index}")
+        try:
+            session = client.open_session(f"load-{index}")
+        except MemdError as error:
+            outcome["errors"].append(f"cannot open a session: {error}")
+            ready.put(index)
+            results.put({**outcome, "latency": {}})
+            return
         frozen = {"memory": session.snapshot.memory, "user": session.snapshot.user}
         ready.put(index)
         go.wait(300)
@@ -142,12 +148,13 @@ def run_concurrency(clients: int = 16, seconds: float = 10.0, max_ops: int = 1_0
             for worker in workers:
                 worker.start()
             for _ in range(clients):
-                ready.get(timeout=300)
+                collect(ready, workers, Deadline(300))
             with daemon.client() as client:
                 before = client.status()
                 go.set()
                 started = time.monotonic()
-                outcomes = [results.get(timeout=seconds + 300) for _ in workers]
+                deadline = Deadline(seconds + 300)
+                outcomes = [collect(results, workers, deadline) for _ in workers]
                 elapsed = time.monotonic() - started
                 after = client.status()
                 check(daemon, client, outcomes, report)
@@ -164,6 +171,17 @@ def run_concurrency(clients: int = 16, seconds: float = 10.0, max_ops: int = 1_0
             report.violation(f"daemon log: {line}")
     figures(report, outcomes, elapsed, before, after)
     return report
+
+
+def collect(source: Any, workers: list[Any], deadline: Deadline) -> Any:
+    """The next item a worker reports; queue.Empty when none comes in time or none can come."""
+    while not deadline.passed:
+        try:
+            return source.get(timeout=1.0)
+        except queue.Empty:
+            if not any(worker.is_alive() for worker in workers):
+                break
+    raise queue.Empty
 
 
 def check(daemon: Any, client: Client, outcomes: list[dict[str, Any]], report: Report) -> None:

@@ -294,18 +294,19 @@ class DriftRun:
         """A drifted or unreadable file is never rewritten by replace, remove or batch."""
         expected = "unreadable" if unreadable else "drift"
         calls = (
-            {"action": "replace", "old_text": "base-", "content": "probe replacement"},
-            {"action": "remove", "old_text": "base-"},
+            {"action": "replace", "old_text": "base-2", "content": "probe replacement"},
+            {"action": "remove", "old_text": "base-3"},
             {"operations": [{"action": "remove", "old_text": "base-1"}, {"action": "add", "content": "probe batch"}]},
         )
         for args in calls:
             before = self.store.read_bytes()
             reply = self.session.memory(args)
             after = self.store.read_bytes()
+            action = args.get("action", "batch")
             if reply.get("code") != expected:
-                self.report.violation(f"{edit.kind}: {list(args)[0]} on a store that is {expected} answered {reply.get('code')}: {reply.get('error', '')[:120]}")
+                self.report.violation(f"{edit.kind}: {action} on a store that is {expected} answered {reply.get('code')}: {reply.get('error', '')[:120]}")
             if after != before:
-                self.report.violation(f"{edit.kind}: {list(args)[0]} rewrote a file that is {expected}")
+                self.report.violation(f"{edit.kind}: {action} rewrote a file that is {expected}")
         before = self.store.read_bytes()
         reply = self.session.memory(action="add", content=f"probe add after {edit.kind}")
         after = self.store.read_bytes()

@@ -89,8 +89,9 @@ def raw_map(pairs: list[tuple[str, bytes]]) -> bytes:
 
 
 class Fuzzer:
-    def __init__(self, endpoint: str, rng: random.Random, report: Report) -> None:
+    def __init__(self, endpoint: str, rng: random.Random, report: Report, alive: Callable[[], bool]) -> None:
         self.endpoint = endpoint
+        self.alive = alive
         self.rng = rng
         self.report = report
         self.context = zmq.Context()
@@ -142,6 +143,8 @@ class Fuzzer:
         answers: list[tuple[wire.Reply, bytes]] = []
         while True:
             if not self.main.poll(int(deadline.remaining * 1000) + 1):
+                if not self.alive():
+                    raise RuntimeError(f"the daemon died; last hostile messages: {[item.category for item in hostile]}")
                 self.wrong += 1
                 self.report.violation(f"no answer to valid {kind} within {timeout:g}s")
                 self.main.close(linger=0)
@@ -420,7 +423,7 @@ class Fuzzer:
         socket = self._socket()
         try:
             socket.send(self.request(wire.Hello))
-            if not socket.poll(10_000):
+            if not socket.poll(10_000 if self.alive() else 0):
                 raise RuntimeError("the daemon does not answer hello")
             return wire.reply_decoder.decode(socket.recv()).result
         finally:
@@ -472,7 +475,7 @@ def run_fuzz(frames: int = 100_000, seconds: float = 1800.0, giants: int = 3, se
     report = Report(f"fuzz: {frames:,} hostile messages, seed {seed}")
     started = time.monotonic()
     with running_daemon() as daemon:
-        fuzzer = Fuzzer(daemon.endpoint, random.Random(seed), report)
+        fuzzer = Fuzzer(daemon.endpoint, random.Random(seed), report, lambda: process_alive(daemon))
         resources = [(rss_kb(daemon.pid) or 0, threads_of(daemon.pid))]
         try:
             hostile = fuzzer.run(frames, seconds, giants)

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field
 from statistics import median
 
@@ -161,6 +162,43 @@ class Load:
         return taken
 
 
+def observe(
+    daemon: Any, load: Load, deadline: Deadline, started: float, sample_seconds: float, echo: bool,
+) -> tuple[list[Sample], int, float, bool, list[str]]:
+    """Sample the daemon while the load runs; then stop the load and wait for sessions to expire."""
+    samples: list[Sample] = []
+    with daemon.client(timeout=30.0) as probe:
+        load.start()
+        last_requests, last_at = probe.status()["requests"], time.monotonic()
+        while not deadline.passed and not load.problems:
+            time.sleep(min(sample_seconds, deadline.remaining))
+            t0 = time.perf_counter()
+            probe.hello()
+            probe_ms = (time.perf_counter() - t0) * 1000
+            status = probe.status()
+            now = time.monotonic()
+            sample = Sample(now - started, rss_kb(daemon.pid) or 0, status["sessions_all_profiles"], status["requests"], probe_ms, load.take_write_latency())
+            rate = (sample.requests - last_requests) / max(1e-9, now - last_at)
+            last_requests, last_at = sample.requests, now
+            samples.append(sample)
+            if echo:
+                writes = sample.write_ms
+                print(
+                    f"{sample.at:7.0f} {sample.rss_kb / 1024:9.1f} {sample.sessions:9d} {rate:7.0f} {probe_ms:9.2f} "
+                    f"{percentile(writes, 0.5) * 1000:8.2f}/{percentile(writes, 0.99) * 1000:.2f}",
+                    flush=True,
+                )
+        load.finish()
+        # With the load stopped, every abandoned session must expire.
+        stopped = time.monotonic()
+        expired = wait_for(lambda: probe.status()["sessions_all_profiles"] == 0, timeout=IDLE_SECONDS * 3 + 10, interval=0.25)
+        expiry_wait = time.monotonic() - stopped
+        final_sessions = probe.status()["sessions_all_profiles"]
+        wait_for(lambda: set(load.external_live) <= set(probe.entries()), timeout=10)
+        entries = probe.entries()
+    return samples, final_sessions, expiry_wait, expired, entries
+
+
 def trend_kb(samples: list[Sample]) -> float:
     """RSS growth across the samples: median of the last third minus median of the first."""
     third = max(1, len(samples) // 3)
@@ -173,7 +211,6 @@ def run_soak(
 ) -> Report:
     seed = random.randrange(2**32) if seed is None else seed
     report = Report(f"soak: {minutes:g} min, {open_rate:g} abandoned sessions/s, {write_rate:g} writes/s, idle expiry {IDLE_SECONDS:g}s, seed {seed}")
-    samples: list[Sample] = []
     config = {"memd": {"session_idle_seconds": IDLE_SECONDS}}
     with running_daemon(config) as daemon:
         store = memories_dir(daemon.home) / FILENAMES["memory"]
@@ -182,38 +219,15 @@ def run_soak(
         deadline = Deadline(minutes * 60)
         if echo:
             print(f"{'t (s)':>7} {'RSS (MB)':>9} {'sessions':>9} {'req/s':>7} {'hello ms':>9} {'write p50/p99 ms':>17}", flush=True)
-        with daemon.client(timeout=30.0) as probe:
-            load.start()
-            last_requests, last_at = probe.status()["requests"], time.monotonic()
-            while not deadline.passed and not load.problems:
-                time.sleep(min(sample_seconds, deadline.remaining))
-                t0 = time.perf_counter()
-                probe.hello()
-                probe_ms = (time.perf_counter() - t0) * 1000
-                status = probe.status()
-                now = time.monotonic()
-                sample = Sample(now - started, rss_kb(daemon.pid) or 0, status["sessions_all_profiles"], status["requests"], probe_ms, load.take_write_latency())
-                rate = (sample.requests - last_requests) / max(1e-9, now - last_at)
-                last_requests, last_at = sample.requests, now
-                samples.append(sample)
-                if echo:
-                    writes = sample.write_ms
-                    print(
-                        f"{sample.at:7.0f} {sample.rss_kb / 1024:9.1f} {sample.sessions:9d} {rate:7.0f} {probe_ms:9.2f} "
-                        f"{percentile(writes, 0.5) * 1000:8.2f}/{percentile(writes, 0.99) * 1000:.2f}",
-                        flush=True,
-                    )
+        try:
+            samples, final_sessions, expiry_wait, expired, entries = observe(daemon, load, deadline, started, sample_seconds, echo)
+        except MemdError as error:
             load.finish()
-            # With the load stopped, every abandoned session must expire.
-            stopped = time.monotonic()
-            expired = wait_for(lambda: probe.status()["sessions_all_profiles"] == 0, timeout=IDLE_SECONDS * 3 + 10, interval=0.25)
-            expiry_wait = time.monotonic() - stopped
-            final_sessions = probe.status()["sessions_all_profiles"]
-            wait_for(lambda: set(load.external_live) <= set(probe.entries()), timeout=10)
-            entries = probe.entries()
+            report.violation(f"the daemon stopped answering: {error}")
+            final_sessions, expiry_wait, expired, entries = -1, 0.0, True, None
         for problem in load.problems:
             report.violation(problem)
-        for entry in load.external_live:
+        for entry in load.external_live if entries is not None else ():
             if entry not in entries:
                 report.violation(f"external edit lost: {entry!r} is not in the live entries")
         if not expired:

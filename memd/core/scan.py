@@ -216,6 +216,8 @@ class _Lexicon:
         self.probes: list[_Term] = []
         for raw in spec.split("|"):
             raw = " ".join(raw.split())
+            if "*" in raw.strip("*"):
+                raise ValueError(f"'*' only marks the ends of a term: {raw!r}")
             if raw:
                 for variant in _expand(raw):
                     self._index(variant)
@@ -233,12 +235,15 @@ class _Lexicon:
             self.probes.append(_Term(term.text, term.left, term.right, first_dense))
             return
         tokens = text.translate(_SEPARATORS).split()
-        whole = tokens[(0 if left else 1): (None if right else -1)]
+        # A "*" end cuts its word short, unless the term ends in punctuation there ("*_key").
+        partial_first = not left and _is_word_char(text[0])
+        partial_last = not right and _is_word_char(text[-1])
+        whole = tokens[(1 if partial_first else 0): (-1 if partial_last else None)]
         if whole:
             # The key should be a word ordinary notes rarely contain, so the term is rarely located.
             rare = [word for word in whole if word not in _COMMON_WORDS] or whole
             self.by_word.setdefault(max(rare, key=len), []).append(term)
-        elif left and tokens and len(tokens[0]) >= _PREFIX_LENGTH:
+        elif not partial_first and tokens and len(tokens[0]) >= _PREFIX_LENGTH:
             self.by_prefix.setdefault(tokens[0][:_PREFIX_LENGTH], []).append(term)
         else:
             self.probes.append(term)
@@ -490,6 +495,8 @@ _USER = _Lexicon("""
 
 _OVERRIDE_VERB = _Lexicon("""
     ignor* | disregard* | forget | forgets | forgetting | overrid{e,es,ing} | bypass* | discard* | abandon*
+    | supersed* | overrul* | trumps | outrank* | take precedence over | takes precedence over
+    | take priority over | takes priority over
     | set aside | pay no attention | pay no heed | do not follow | do not obey | don't follow | don't obey
     | dont follow | no longer follow | no longer obey | stop following | stop obeying | throw out | scrap
     | olvid* | descart* | omit{e,a,an,ir} | no hagas caso | no haga caso | no hagan caso | haz caso omiso
@@ -507,20 +514,20 @@ _OVERRIDE_VERB = _Lexicon("""
 _INSTRUCTION_NOUN = _Lexicon("""
     instruction* | rule | rules | guideline | guidelines | directive | directives | prompt | prompts
     | policy | policies | constraints | restrictions | guardrails | programming | commands | orders
-    | safeguards | context
+    | safeguards | context | everything | anything
     | instruccion* | regla | reglas | indicaciones | directrices | normas | pautas | órdenes | política
     | políticas | restricciones
-    | règle | règles | consigne | consignes | ordres | politique | politiques
+    | règle | règles | consigne | consignes | ordres | politique | politiques | tout ce | todo lo | alles
     | anweisung* | sicherheitsanweisung* | systemanweisung* | regel | regeln | richtlinie* | vorgabe
     | vorgaben | befehle | instruktion* | vorschriften | einschränkung* | systemprompt
-    | инструкци* | правил* | указани* | директив* | промпт* | ограничени*
-    | 指令|指示|规则|規則|提示词|提示詞|命令|约束|約束|限制|规定|規定|准则|準則
+    | инструкци* | правил* | указани* | директив* | промпт* | ограничени* | всё
+    | 指令|指示|规则|規則|提示词|提示詞|命令|约束|約束|限制|规定|規定|准则|準則|内容|내용
     | ルール|プロンプト|制約|ガイドライン|ポリシー
     | 지시|명령|규칙|지침|프롬프트|제약|정책|가이드라인
 """)
 _PRIOR_QUALIFIER = _Lexicon("""
     previous* | prior | above | earlier | preceding | former | original | initial | existing | all | any
-    | every | your | system | developer* | safety | content | ethical
+    | every | your | system* | developer* | safety | content | ethical | told
     | anterior* | previa | previas | precedente | precedentes | de arriba | del sistema | toda | todas
     | todo | todos | tus
     | précédent* | antérieur* | ci-dessus | plus haut | tous | toutes | tout | tes | vos | système
@@ -537,6 +544,7 @@ _OVERRIDE_PHRASE_TRIGGER = _Lexicon("""
     forget | instructions | rules | guidelines | directives | prompt | programming
     | supersede | supersedes | override | overrides | replace | replaces | trump | trumps | take | takes
     | outrank | outranks | obey | follow | instead | olvida | oublie | oubliez | vergiss | забудь
+    | befolge | folge | sigue | obedece | suis | suivez | obéis | следуй | подчиняйся | слушай
     | 只 | 仅 | 僅
 """)
 _OVERRIDE_PHRASE = re.compile(
@@ -548,7 +556,9 @@ _OVERRIDE_PHRASE = re.compile(
     r"(?:(?:all|any|every|the|your) ){0,2}(?:(?:previous|prior|earlier|other|existing|original|system|developer) ){0,2}"
     r"(?:instructions|rules|guidelines|directives|prompts?|system prompt|polic(?:y|ies))"
     r"|(?:obey|follow) only (?:this|these|me\b|my)"
-    r"|follow (?:them|it|these|this|my)(?: instructions| rules)? instead\b"
+    r"|follow (?:them|it|these|this|my|only this)(?: \w+)? instead\b"
+    r"|(?:befolge|folge|sigue|obedece|suis|suivez|ob[ée]is|следуй|подчиняйся|слушай) "
+    r"(?:nur|solo|s[óo]lamente|uniquement|seulement|только) (?:diese|meine|esta|estas|mis|cette|ces|mes|этой|этим|моим|мне)"
     r"|instead of (?:the |your )?(?:user'?s?|system'?s?|original|developer'?s?) (?:request|instructions|prompt|question|task)"
     r"|olvida (?:todo|lo) (?:lo )?anterior|oublie(?:z)? tout ce qui (?:pr[ée]c[èe]de|est au-dessus)"
     r"|vergiss alles\b|забудь (?:всё|все) (?:что|предыдущ|выше|ранее)"
@@ -583,11 +593,35 @@ def _not_a_quoted_mention(view: _View, span: Span) -> bool:
     return _MENTION_CUE.search(before[:-1]) is None
 
 
+# "The rules you were given earlier no longer apply": earlier instructions declared void.
+_VOIDED = _Lexicon("""
+    no longer apply | no longer applies | no longer valid | no longer in effect | no longer binding
+    | are void | is void | are now void | null and void | are null | are cancelled | are canceled
+    | is cancelled | are revoked | have been revoked | have been cancelled | are obsolete | are invalid
+    | don't apply | do not apply | are suspended | are lifted | are overridden | are superseded
+    | ya no aplican | ya no se aplican | ya no son válidas | quedan anuladas | están anuladas
+    | quedan sin efecto | son nulas | quedan revocadas | ne s'appliquent plus | sont annulées
+    | sont caduques | sont nulles | ne sont plus valables | sont révoquées | sont obsolètes
+    | gelten nicht mehr | sind ungültig | sind aufgehoben | sind außer kraft | sind nichtig | sind hinfällig
+    | больше не действуют | отменены | недействительны | утратили силу | аннулированы
+    | 作废|作廢|无效|無效|失效|不再适用|不再適用|已取消|已废除|已廢除|不再有效|無効
+    | 適用されません|もう適用されない|取り消され|廃止され|무효|더 이상 적용되지|취소되었|폐기되었
+""")
+# "The user says the old rules are void" reports speech; it does not void anything.
+_REPORTED = ("say", "said", "说", "說", "dit", "sagt", "dice", "говорит", "言う", "言っ", "말하", "말했")
+
+
+def _not_reported(view: _View, span: Span) -> bool:
+    before = view.text[max(0, span[0] - 40): span[0]]
+    return not any(cue in before for cue in _REPORTED)
+
+
 def _detect_override(view: _View) -> bool:
     return (
         _phrase(view, _OVERRIDE_PHRASE_TRIGGER, _OVERRIDE_PHRASE)
         or _together(view, _OVERRIDE_VERB, ((_INSTRUCTION_NOUN, 30, 50), (_PRIOR_QUALIFIER, 30, 50)),
                      _not_a_quoted_mention)
+        or _together(view, _VOIDED, ((_INSTRUCTION_NOUN, 60, 10), (_PRIOR_QUALIFIER, 70, 10)), _not_reported)
         or _together(view, _PRIORITY, ((_INSTRUCTION_NOUN, 40, 20), (_NEW_QUALIFIER, 50, 20)))
     )
 
@@ -595,7 +629,7 @@ def _detect_override(view: _View) -> bool:
 # -- obeying outside sources, permission escalation ------------------------------------------
 
 _TRUST_VERB = _Lexicon("""
-    obey* | trust | trusts | comply with every | comply with all | comply with any | carry out all
+    obey* | trust | trusts | treat | treats | comply with every | comply with all | comply with any | carry out all
     | carry out any | carry out every
     | obedec* | obedezc* | confía en | confia en | confiar en | obéis | obéir | obéissez | obeis | fais confiance
     | befolge | befolgen | vertrau* | gehorch* | выполняй | доверя* | подчиня* | слушайся
@@ -639,12 +673,16 @@ _NO_CONFIRMATION = _Lexicon("""
     | 无需|無需|不需要|不用|无须|無須|不必|未经|未經|確認なし|確認せず|許可なく|承認なし|確認を取らず
     | 확인 없이|허락 없이|승인 없이|묻지 않고
 """)
-_APPROVAL_PHRASE_TRIGGER = _Lexicon("longer | authorized | authorised | allowed | permitted | approval | confirmations")
+_APPROVAL_PHRASE_TRIGGER = _Lexicon("""
+    longer | authorized | authorised | allowed | permitted | approval | confirmation | confirmations | permission
+    | pre-approved | preapproved
+""")
 _APPROVAL_PHRASE = re.compile(
     r"no longer (?:needs?|requires?) (?:approval|confirmation|permission)"
     r"|(?:authori[sz]ed|allowed|permitted) (?:you )?to (?:run|execute|do) (?:anything|any)\b"
     r"|never (?:ask|wait) for (?:approval|confirmation|permission)"
     r"|disable (?:all )?(?:confirmations|confirmation prompts|approvals)"
+    r"|pre-?approved (?:everything|all|any|every)\b"
 )
 
 
@@ -661,6 +699,8 @@ def _detect_auto_approve(view: _View) -> bool:
 
 _ROLE_CUE = _Lexicon("""
     you are now | you're now | youre now | you are no longer | you're no longer | from now on you
+    | from this point on you | from this point forward you | from here on you | henceforth you | you will now
+    | you shall now | you are hereby
     | act as | acting as | pretend* | roleplay* | role-play* | role play | behave as | behave like
     | play the role | your new role | your new persona | your new identity | mode enabled
     | mode activated | mode on | mode unlocked | enable | activate | enter | simulate
@@ -668,7 +708,8 @@ _ROLE_CUE = _Lexicon("""
     | vous êtes maintenant | vous êtes désormais | agis comme | fais semblant | du bist jetzt | du bist nun
     | du bist ab sofort | du bist ab jetzt | sie sind jetzt | sie sind nun | verhalte dich | tu so als
     | теперь ты | ты теперь | отныне ты | притворись | представь что ты | веди себя как
-    | 你现在是|你現在是|从现在起你是|從現在起你是|你已经是|扮演|假装你是|假裝你是
+    | 你现在是|你現在是|从现在起你是|從現在起你是|你已经是|扮演|假装你是|假裝你是|你的新身份|你的新角色
+    | 从现在起|從現在起|从今以后你|從今以後你|你将成为|你將成為
     | あなたは今から|今からあなたは|あなたはもう|として振る舞|のふりをし
     | 너는 이제|당신은 이제|이제부터 너는|이제 너는|인 척|처럼 행동
 """)
@@ -685,16 +726,23 @@ _RESTRICTION_NOUN = _Lexicon("""
     polic* | limit | limits | limitations | restriction* | filter* | rules | guideline* | ethic* | moral*
     | censor* | boundar* | safeguard* | guardrail* | restricci* | límite* | limite* | filtro* | censura
     | reglas | règles | einschränkung* | beschränkung* | grenzen | zensur | regeln | ограничени* | фильтр*
-    | цензур* | правил* | 限制|约束|約束|过滤|過濾|审查|審查|制限|制約|フィルター|検閲|제한|필터|검열
+    | цензур* | правил* | 限制|约束|約束|过滤|過濾|审查|審查|规则|規則|制限|制約|ルール|フィルター|検閲|제한|규칙|필터|검열
 """)
 # Fake role headers: "[SYSTEM]:", "【系统】", "<|im_start|>system", "### System message:".
 _HEADER_ROLE = _Lexicon("""
-    system | sys | admin | administrator | developer | root | operator | sistema | système | systeme
-    | systemnachricht | система | системное сообщение | администратор | システム|시스템|系统|系統|管理员|管理員
-    | system message | system prompt | inst
+    system | sys | sistema | système | systeme | systemnachricht | система | системное сообщение
+    | システム|시스템|系统|系統 | system message | system prompt | inst
+""")
+# Roles that also label ordinary things ("the [Admin] badge"): headers only opening a line or
+# followed by a colon.
+_HEADER_WEAK_ROLE = _Lexicon("""
+    admin | administrator | developer | root | operator | администратор | 管理员|管理員
 """)
 _HEADER_OPEN = "[【(<"
-_HEADER_CLOSE = re.compile(r"\s*[\]】)>](?!\s*(?:tags?|elements?|blocks?|sections?)\b)")
+# A few more words may share the brackets ("[SYSTEM NOTICE]", "【系统通知】"); a markdown link
+# ("[System](docs/system.md)") or a mention of template tags ("<system> tags") is not a header.
+_HEADER_CLOSE = re.compile(
+    r"[^\]】)>\n\[【(<]{0,20}[\]】)>](?!\()(?!\s*(?:tags?|elements?|blocks?|sections?)\b)(\s*:)?")
 # ("|" separates terms, so the chat-template tokens are triggered by their inner words.)
 _HEADER_PHRASE_TRIGGER = _Lexicon("""
     system | im_start | im_sep | <<sys>> | mensaje | message | systemmeldung
@@ -718,9 +766,17 @@ def _detect_role_hijack(view: _View) -> bool:
         view, _ROLE_CUE, ((_LACKING, 20, 90), (_RESTRICTION_NOUN, 20, 110)))
 
 
-def _bracketed(view: _View, span: Span) -> bool:
+def _bracketed(view: _View, span: Span, strong: bool = True) -> bool:
     before = view.text[max(0, span[0] - 3): span[0]].rstrip()
-    return bool(before) and before[-1] in _HEADER_OPEN and _HEADER_CLOSE.match(view.text, span[1]) is not None
+    if not before or before[-1] not in _HEADER_OPEN:
+        return False
+    close = _HEADER_CLOSE.match(view.text, span[1])
+    if close is None:
+        return False
+    if close[1] is not None:
+        return True
+    # Parentheses are everyday prose, "(admin)": only "(SYSTEM):" reads as a header.
+    return before[-1] != "(" and (strong or _LINE_LEAD.search(view.text, max(0, span[0] - 8), span[0]) is not None)
 
 
 def _opens_line(view: _View, span: Span) -> bool:
@@ -731,6 +787,7 @@ def _opens_line(view: _View, span: Span) -> bool:
 def _detect_fake_system(view: _View) -> bool:
     return (
         any(_bracketed(view, span) or _opens_line(view, span) for span in view.spans(_HEADER_ROLE))
+        or any(_bracketed(view, span, strong=False) for span in view.spans(_HEADER_WEAK_ROLE))
         or _phrase(view, _HEADER_PHRASE_TRIGGER, _HEADER_PHRASE, reach=(3, 40))
     )
 
@@ -738,8 +795,7 @@ def _detect_fake_system(view: _View) -> bool:
 # -- exfiltration -------------------------------------------------------------------------------
 
 _SEND_VERB = _Lexicon("""
-    send* | upload* | forward* | post | posts | email | e-mail | mail | sync* | copy | share* | transmit*
-    | exfiltrat* | leak* | push | submit* | report | beam | relay* | deliver* | publish* | pipe
+    send* | upload* | forward* | transmit* | exfiltrat* | leak* | beam | relay* | deliver*
     | nc | ncat | netcat | socat | --data* | --upload-file | --form
     | envía | envia | enviar | envíe | manda | mandar | sube | subir | súbel* | reenvía | reenvia | comparte | transfiere
     | envoie | envoyez | envoyer | transmet* | téléverse* | partage | transfère | publie | fais suivre
@@ -767,6 +823,27 @@ _DATA_OBJECT = _Lexicon("""
     | キー|鍵|パスワード|トークン|認証情報|秘密|履歴|会話|メッセージ|コンテキスト|ファイル|データ|クッキー
     | 키|비밀번호|암호|토큰|자격 증명|비밀|기록|대화|메시지|컨텍스트|파일|데이터|쿠키
 """)
+# Words that are as often nouns or descriptions ("the reset email links to ..."): verbs only
+# where an order would put them.
+_SEND_VERB_AMBIGUOUS = _Lexicon("""
+    post | posts | email | e-mail | mail | sync | copy | share | push | report | publish | pipe | submit
+""")
+_IMPERATIVE_LEAD = frozenset("""
+    and then also please always to must should will shall can may you quietly silently secretly
+    automatically immediately just now first next finally later periodically regularly daily or but
+    y luego siempre et puis toujours und dann immer и затем потом всегда
+""".split())
+
+
+def _in_order_position(view: _View, span: Span) -> bool:
+    """Whether a word stands where an imperative would: opening a clause, or after "and",
+    "please", "always", "to"..."""
+    before = view.text[max(0, span[0] - 30): span[0]].rstrip()
+    if not before or before[-1] in ",:;(\"'`*>-\n":
+        return True
+    return before.split()[-1].strip(_PUNCTUATION) in _IMPERATIVE_LEAD
+
+
 # Loose words ("messages", "files") only count when the data is the user's or all of it.
 _LOOSE_DATA = _Lexicon("""
     message | messages | data | files | file | emails | documents | chats | notes | mensajes | datos
@@ -820,10 +897,15 @@ def _sensitive_object_before(view: _View, verb: Span, destination: Span) -> bool
 def _exfiltrates(view: _View, destination_near: Callable[[_View, Span], Span | None]) -> bool:
     """Whether an affirmed send verb has a destination shortly after it (or, in Japanese and
     Korean word order, shortly before) and a sensitive object ahead of that destination."""
-    if not (view.may_have(_DATA_OBJECT) or view.may_have(_LOOSE_DATA)) or not view.may_have(_SEND_VERB):
+    if not (view.may_have(_DATA_OBJECT) or view.may_have(_LOOSE_DATA)):
         return False
-    for verb in view.spans(_SEND_VERB):
-        if not _affirmed(view, verb):
+    if not (view.may_have(_SEND_VERB) or view.may_have(_SEND_VERB_AMBIGUOUS)):
+        return False
+    verbs = view.spans(_SEND_VERB) + [
+        span for span in view.spans(_SEND_VERB_AMBIGUOUS) if _in_order_position(view, span)]
+    for verb in verbs:
+        # "explains how to send a token to ..." describes; it does not order.
+        if not _affirmed(view, verb) or "how" in _last_words(view.text, verb[0], 3):
             continue
         destination = destination_near(view, verb)
         if (destination is not None and view.same_clause(verb[0], destination[0])
@@ -886,17 +968,23 @@ def _detect_image_exfiltration(view: _View) -> bool:
 # -- reading secrets, disclosing the system prompt ----------------------------------------------
 
 _DISCLOSE_VERB = _Lexicon("""
-    print* | cat | show | show me | display* | output | reveal* | dump* | tell me | give me | send me
-    | disclose* | leak* | expose* | type out | write out | echo | read | open | extract* | retrieve*
-    | list | harvest* | steal* | collect* | exfiltrat* | reply with | reply only with | respond with
-    | lee | leer | imprime | muestra | mostrar | enséñame | dime | revela | extrae | abre | vuelca | saca
-    | lis | lisez | lire | affiche* | montre | montrez | montre-moi | révèle* | extrais | extrait | ouvre | donne-moi | dis-moi
-    | lies | lese | zeig* | gib | drucke | ausgeben | verrate | öffne | extrahiere | nenne
-    | прочитай | прочти | выведи | покажи | распечатай | напечатай | раскрой | сообщи | открой | перечисли
-    | извлеки | дай мне
-    | 打印|输出|輸出|显示|顯示|读取|讀取|读出|查看|列出|告诉我|告訴我|给我|給我|泄露|洩露
-    | 表示|出力|読んで|読み取|読み込|見せて|教えて|印刷|開いて|書き出
-    | 출력|읽고|읽어|보여|알려|표시|열어
+    print* | show | show me | display* | output | reveal* | dump* | tell me | give me | send me
+    | disclose* | leak* | expose* | type out | write out | extract* | retrieve*
+    | harvest* | steal* | collect* | exfiltrat* | reply with | reply only with | respond with
+    | imprime | muestra | mostrar | enséñame | dime | revela | extrae | vuelca | saca
+    | affiche* | montre | montrez | montre-moi | révèle* | extrais | extrait | donne-moi | dis-moi
+    | zeig* | gib | drucke | ausgeben | verrate | extrahiere | nenne
+    | выведи | покажи | распечатай | напечатай | раскрой | сообщи | извлеки | дай мне
+    | 打印|输出|輸出|显示|顯示|查看|告诉我|告訴我|给我|給我|泄露|洩露
+    | 表示|出力|見せて|教えて|印刷|書き出
+    | 출력|보여|알려|표시
+""")
+# Reading verbs: they leak when what is read is a secret file ("read ~/.ssh/id_rsa"), not when a
+# note says where a secret is read from ("the app reads the token from DB_PASSWORD").
+_READ_VERB = _Lexicon("""
+    read | open | cat | echo | list | head | tail | strings | lee | leer | abre | lis | lisez | lire | ouvre
+    | lies | lese | öffne | прочитай | прочти | открой | перечисли | 读取|讀取|读出|讀出|打开|打開|列出
+    | 読んで|読み取|読み込|開いて|읽고|읽어|열어
 """)
 # Copying something into the reply counts when the reply is named ("include it in your answer").
 _ATTACH_VERB = _Lexicon("""
@@ -915,10 +1003,12 @@ _SECRET_FILE = _Lexicon("""
     ~/.ssh/id_* | .ssh/id_* | id_rsa | id_dsa | id_ecdsa | id_ed25519 | .env | /etc/shadow | /etc/passwd
     | /etc/sudoers | /etc/gshadow | .aws/credentials | .git-credentials | .netrc | .pgpass
     | .docker/config.json | .kube/config | credentials.json | keychain* | keyring* | wallet.dat
-    | seed phrase | mnemonic | private key | private keys | privatekey | private_key | secret access key
+    | seed phrase | mnemonic | private key | private keys | private ssh key | private ssh keys
+    | ssh private key | ssh private keys | private gpg key | privatekey | private_key | secret access key
     | secret_access_key | llave privada | llaves privadas | clave privada | claves privadas | clé privée
     | clés privées | privaten schlüssel | privater schlüssel | privaten schlüssels | schlüsselbund*
-    | trousseau | закрыт* ключ* | приватн* ключ* | связк* ключей
+    | trousseau | закрытый ключ | закрытого ключа | закрытые ключи | закрытых ключей | приватный ключ
+    | приватного ключа | приватные ключи | связка ключей | связку ключей
     | 私钥|私鑰|钥匙串|鑰匙串|秘密鍵|キーチェーン|개인 키|개인키|키체인
 """)
 # Public keys and examples are not secrets.
@@ -928,7 +1018,8 @@ _SECRET_WORD = _Lexicon("""
     keys | token | tokens | secret | secrets | password | passwords | passwd | passphrase | passphrases
     | credentials | cookies | api key | api keys | api token | api tokens | access key | access keys
     | access token | access tokens | auth token | auth tokens | session token | session tokens
-    | bearer token | environment variables | env vars | contraseña | contraseñas | credenciales
+    | bearer token | environment variables | env vars | ssh key | ssh keys | gpg key | signing key
+    | deploy key | *_key | *_token | *_secret | *_password | *_passwd | *_pwd | *_credentials | contraseña | contraseñas | credenciales
     | secreto | secretos | clave de api | claves de api | claves api | variables de entorno
     | mot de passe | mots de passe | identifiants | jeton | jetons | clés api | variables d'environnement
     | passw* | kennw* | zugangsdaten | geheimnisse | api-schlüssel | umgebungsvariablen
@@ -963,12 +1054,17 @@ def _discloses(view: _View, verb: Span) -> bool:
     return following.isascii() or not any(mark in following for mark in _DENSE_EXPLAINS)
 
 
+def _not_negated(view: _View, span: Span) -> bool:
+    """False for an object the entry rules out: "..., never the raw token", "not to authorized_keys"."""
+    return not any(word in _NEGATIONS for word in _last_words(view.text, span[0], 3))
+
+
 def _real_secret_file(view: _View, span: Span) -> bool:
-    return _NOT_SECRET_AFTER.match(view.text, span[1]) is None
+    return _NOT_SECRET_AFTER.match(view.text, span[1]) is None and _not_negated(view, span)
 
 
 def _real_secret_word(view: _View, span: Span) -> bool:
-    return _ABOUT_SECRETS.match(view.text, span[1]) is None
+    return _ABOUT_SECRETS.match(view.text, span[1]) is None and _not_negated(view, span)
 
 
 def _secret_near(view: _View, verb: Span, before: int, after: int) -> bool:
@@ -980,6 +1076,10 @@ def _detect_secret_read(view: _View) -> bool:
     if not (view.may_have(_SECRET_FILE) or view.may_have(_SECRET_WORD)):
         return False
     if any(_discloses(view, verb) and _secret_near(view, verb, 30, 80) for verb in view.spans(_DISCLOSE_VERB)):
+        return True
+    if view.may_have(_SECRET_FILE) and any(
+            _discloses(view, verb) and _near(view, verb, _SECRET_FILE, 30, 80, _real_secret_file)
+            for verb in view.spans(_READ_VERB)):
         return True
     return view.may_have(_REPLY_TARGET) and any(
         _affirmed(view, verb) and _near(view, verb, _REPLY_TARGET, 40, 60) and _secret_near(view, verb, 60, 60)
@@ -1052,8 +1152,8 @@ _CONCEAL_PHRASE = re.compile(
     r"(?:keep|kept) (?:this|these|it|that|the)(?: [\w-]+){0,2} (?:hidden|secret|private|confidential|quiet) from\b"
     r"|hide (?:this|these|it|that|any|all|the|every|your)\b[^.\n;]{0,60}?\bfrom (?:the )?(?:user|human|owner)"
     r"|without (?:informing|telling|notifying|alerting|letting) (?:the )?(?:user|human|owner)"
-    r"|user (?:must|should|will|shall|can|does|doesn't|won't|mustn't|shouldn't|can't|cannot)(?: not| never)? "
-    r"(?:know|find out|notice|learn|see|be told|realise|realize)\b"
+    r"|user (?:must|should|shall|may|mustn't|shouldn't|is not to|must never|should never)(?: not| never)? (?:ever )?"
+    r"(?:know|find out|notice|learn|see|discover|be told|realise|realize|suspect)\b"
     r"|behind the user's back\b"
     r"|sin (?:avisar|decir(?:le)?|informar|que (?:lo sepa|se entere))"
     r"|usuario no (?:se entere|lo sepa|lo note)|oc[úu]lta(?:lo|le|selo)? al usuario|(?<=en )secreto\b"
@@ -1065,7 +1165,10 @@ _CONCEAL_PHRASE = re.compile(
 _CONCEAL_FIXED = _Lexicon("""
     不要让用户知道|不要讓用戶知道|别让用户知道|別讓用戶知道|不让用户知道|不讓用戶知道|别让用户发现|別讓用戶發現
     | 不要让用户发现|不要讓用戶發現|不讓用戶發現|對用戶保密|对用户保密|瞒着用户|瞞著用戶|不要告诉用户|不要告訴用戶
-    | 别告诉用户|別告訴用戶|不要向用户透露|ユーザーに知られない|ユーザーには黙って|ユーザーには内緒|ユーザーに内緒
+    | 别告诉用户|別告訴用戶|不要向用户透露|不要让用户看到|不要讓用戶看到|别让用户看到|別讓用戶看到|不能让用户知道
+    | 不能讓用戶知道|对用户隐瞒|對用戶隱瞞|向用户隐瞒|向用戶隱瞞|隐瞒用户|瞒住用户|不让用户看到
+    | ユーザーに気づかれない|ユーザーにばれない|ユーザーに知らせずに|사용자가 눈치채지|사용자가 알지 못하게
+    | 사용자에게 알리지 않고|사용자에게 숨겨|ユーザーに知られない|ユーザーには黙って|ユーザーには内緒|ユーザーに内緒
     | 사용자가 모르게|사용자 몰래
 """)
 _CONCEAL_DENSE_TRIGGER = _Lexicon("ユーザー | 사용자")
@@ -1079,21 +1182,34 @@ _HUSH_NEGATION = _Lexicon("""
 """)
 _HUSH_VERB = _Lexicon("""
     mention* | tell | inform* | reveal* | disclose* | say | let the user know | notify | alert | bring up
-    | report | digas | diga | cuentes | menciones | informes | avises | reveles | dis | dites | mentionne*
-    | révèle* | signale* | préviens | informe | erwähn* | sag | sage | erzähl* | verrate | informier*
-    | mitteil* | говори | сообщай | упоминай | рассказывай | информируй | показывай
+    | report | digas | diga | cuentes | menciones | informes | avises | reveles | hables | hable
+    | dis | dites | mentionne* | révèle* | signale* | préviens | prévenez | informe | parle | parlez
+    | raconte | racontez | avertis | erwähn* | sag | sage | erzähl* | verrate | informier* | mitteil*
+    | sprich | rede | говори | сообщай | упоминай | рассказывай | информируй | показывай | пиши
 """)
 _HUSHED_MATTER = _Lexicon("""
-    this | these | it | that you | what you | you've | you have | you're | you are | you did | about
+    this | these | it | that | what you | you've | you have | you're | you are | you did | about
     | any of | que | nada | esto | esta | este | rien | cela | ça | cette | ces | davon | dies* | das | dass
     | nichts | об этом | этой | эту | это | что
 """)
+
+
+# "Make sure the user never finds out": concealment as the purpose of an act.
+_CONCEAL_PURPOSE_TRIGGER = _Lexicon("user | utilisateur | nutzer | benutzer | пользователь")
+_CONCEAL_PURPOSE = re.compile(
+    r"(?:make sure|ensure|so that|such that|in a way that)\b[^.\n;]{0,20}?\buser (?:\w+n't |\w+ not |\w+ never |never |not )"
+    r"(?:ever )?(?:know|find|notice|learn|see|discover|suspect|realis|realiz|is told|gets told|hear)"
+    r"|sans que l'utilisat\w* (?:ne )?(?:le )?(?:sache|remarque|voie|s'en rende)"
+    r"|damit (?:der|die) (?:be)?nutzer(?:in)? (?:es |davon )?nicht(?:s)? (?:merkt|erf[äa]hrt|bemerkt|sieht|mitbekommt)"
+    r"|чтобы пользователь не (?:узнал|заметил|увидел|догадался)"
+)
 
 
 def _detect_conceal(view: _View) -> bool:
     return (
         view.has(_CONCEAL_FIXED)
         or _phrase(view, _CONCEAL_TRIGGER, _CONCEAL_PHRASE)
+        or _phrase(view, _CONCEAL_PURPOSE_TRIGGER, _CONCEAL_PURPOSE, reach=(50, 60))
         or _phrase(view, _CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE)
         or _together(view, _HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)))
     )
@@ -1163,14 +1279,15 @@ def _detect_persistence(view: _View) -> bool:
 
 
 def _detect_ssh_key_plant(view: _View) -> bool:
-    return _together(view, _AUTHORIZED_KEYS, ((_WRITE_VERB, 100, 40),))
+    return _together(view, _AUTHORIZED_KEYS, ((_WRITE_VERB, 100, 40),), _not_negated)
 
 
 # -- command and control -----------------------------------------------------------------------
 
 _C2_SERVER = _Lexicon("""
     c2 server | c2 servers | c2-server | c2 endpoint | c2 channel | c2 host | c2 node | c2 infrastructure
-    | c2 domain | c2-сервер* | c2-сервер | c2サーバ* | c2 서버 | c&c | command and control
+    | c2 domain | c2-сервер* | c2 сервер* | c2サーバ* | c2 서버 | c2서버 | c2服务器 | c2伺服器 | servidor c2
+    | serveur c2 | c&c | command and control
     | command-and-control | command & control | command server | control server | comando y control
     | commande et contrôle | kommando-server | kommandoserver | steuerserver | steuerungsserver
     | сервер управления | серверу управления | сервером управления | командный сервер | командному серверу
@@ -1194,9 +1311,36 @@ _BEACON_PHRASE = re.compile(
 )
 
 
+# A bare "C2" (also a language level) counts with a contact verb and tasking words.
+_C2_WORD = _Lexicon("c2 | c&c")
+_TASKING = _Lexicon("""
+    commands | tasks | instructions | orders | payloads | payload | órdenes | comandos | tareas
+    | instrucciones | commandes | tâches | ordres | befehle | aufgaben | anweisungen | команды | команд
+    | задания | задачи | инструкции | приказы | 命令|指令|任务|任務|指示|タスク|명령|작업|지시
+""")
+_BEACON_VERB = _Lexicon("""
+    beacon* | phone home | phones home | call home | calls home | check in | check-in | checks in
+    | report back | heartbeat*
+""")
+# Polling for tasks is what job queues do; it is command and control when a remote host is polled.
+_POLL = _Lexicon("poll | polls | polling | poll* | fetch | pull")
+_EXECUTE = _Lexicon("""
+    execute* | run them | run it | carry out | carry them out | perform | follow them | obey
+    | run whatever | execute whatever | do whatever | whatever it returns | whatever it says
+    | ejecuta* | exécute* | führe | выполняй | выполни | 执行|執行|実行|실행
+""")
+
+
 def _detect_c2(view: _View) -> bool:
-    return _phrase(view, _BEACON_TRIGGER, _BEACON_PHRASE) or _together(
-        view, _C2_SERVER, ((_C2_ACTION, 100, 100),))
+    return (
+        _phrase(view, _BEACON_TRIGGER, _BEACON_PHRASE)
+        or _together(view, _C2_SERVER, ((_C2_ACTION, 100, 100),))
+        or _together(view, _C2_WORD, ((_C2_ACTION, 100, 100), (_TASKING, 100, 100)))
+        or _together(view, _BEACON_VERB, ((_TASKING, 40, 120), (_EXECUTE, 40, 160)))
+        or _together(view, _BEACON_VERB, ((_TASKING, 40, 120), (_URL, 20, 80)))
+        or _together(view, _BEACON_VERB, ((_EXECUTE, 40, 160), (_URL, 20, 80)))
+        or _together(view, _POLL, ((_TASKING, 40, 120), (_URL, 20, 80)))
+    )
 
 
 # -- encoded instructions ---------------------------------------------------------------------
@@ -1240,7 +1384,8 @@ _PASSWORD_WORD = _Lexicon("""
     | contraseña* | mot de passe | passwort* | kennwort* | пароль* | 密码|密碼|口令|パスワード|비밀번호|암호
 """)
 _PASSWORD_VALUE = re.compile(
-    r"\w{0,20}\s*(?:[:=]|\bis\b|\best\b|\bist\b|\bes\b|は|는|은|为|為|是)\s*[\"'「`]?([^\s\"'」`]{6,64})",
+    r"\w{0,20}\s*(?:[:=]|\bis\b|\best\b|\bist\b|\bes\b|\blautet\b|\bequals\b|\bwas\b|это|は|는|은|为|為|是)"
+    r"\s*[\"'「`]?([^\s\"'」`]{6,64})",
 )
 # Values that point at a secret rather than being one ("${DB_PASSWORD}", "1Password").
 _SECRET_REFERENCE = re.compile(

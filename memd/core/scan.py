@@ -1072,13 +1072,18 @@ def _secret_near(view: _View, verb: Span, before: int, after: int) -> bool:
         view, verb, _SECRET_WORD, before, after, _real_secret_word)
 
 
+# "read-only", "read access", "open source": the verb's word used to describe something.
+_ADJECTIVE_USE = re.compile(r"[- ](?:only|write|protected|access|permissions?|source)\b")
+
+
 def _detect_secret_read(view: _View) -> bool:
     if not (view.may_have(_SECRET_FILE) or view.may_have(_SECRET_WORD)):
         return False
     if any(_discloses(view, verb) and _secret_near(view, verb, 30, 80) for verb in view.spans(_DISCLOSE_VERB)):
         return True
     if view.may_have(_SECRET_FILE) and any(
-            _discloses(view, verb) and _near(view, verb, _SECRET_FILE, 30, 80, _real_secret_file)
+            _ADJECTIVE_USE.match(view.text, verb[1]) is None and _discloses(view, verb)
+            and _near(view, verb, _SECRET_FILE, 30, 80, _real_secret_file)
             for verb in view.spans(_READ_VERB)):
         return True
     return view.may_have(_REPLY_TARGET) and any(

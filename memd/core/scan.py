@@ -190,12 +190,23 @@ def _is_word_char(char: str) -> bool:
     return char.isalnum() and char < _DENSE_SCRIPT
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Term:
+    """A term to locate. Terms are pooled, one object per spelling and boundaries, so that a
+    word several lexicons share is located once per view; they hash by identity (fast)."""
+
     text: str
     left: bool  # must start at a word boundary
     right: bool  # must end at a word boundary
     gate: str  # present in the text whenever the term is (for terms without a key word)
+    words: frozenset[str]  # its complete words, all of which a text holding it holds
+
+
+_TERM_POOL: dict[tuple[str, bool, bool, str], _Term] = {}
+
+
+def _term(text: str, left: bool, right: bool, gate: str, words: frozenset[str]) -> _Term:
+    return _TERM_POOL.setdefault((text, left, right, gate), _Term(text, left, right, gate, words))
 
 
 _LEXICONS: list[_Lexicon] = []
@@ -229,16 +240,17 @@ class _Lexicon:
     def _index(self, raw: str) -> None:
         left, right = not raw.startswith("*"), not raw.endswith("*")
         text = raw.strip("*").casefold()
-        term = _Term(text, left and _is_word_char(text[0]), right and _is_word_char(text[-1]), text)
+        left_bound, right_bound = left and _is_word_char(text[0]), right and _is_word_char(text[-1])
         if any(char >= _DENSE_SCRIPT for char in text):
             first_dense = next(char for char in text if char >= _DENSE_SCRIPT)
-            self.probes.append(_Term(term.text, term.left, term.right, first_dense))
+            self.probes.append(_term(text, left_bound, right_bound, first_dense, frozenset()))
             return
         tokens = text.translate(_SEPARATORS).split()
         # A "*" end cuts its word short, unless the term ends in punctuation there ("*_key").
         partial_first = not left and _is_word_char(text[0])
         partial_last = not right and _is_word_char(text[-1])
         whole = tokens[(1 if partial_first else 0): (-1 if partial_last else None)]
+        term = _term(text, left_bound, right_bound, text, frozenset(whole))
         if whole:
             # The key should be a word ordinary notes rarely contain, so the term is rarely located.
             rare = [word for word in whole if word not in _COMMON_WORDS] or whole
@@ -315,7 +327,7 @@ class _View:
     """One normalised text and its words; which lexicon terms it may hold and where they
     are, computed once and on demand."""
 
-    __slots__ = ("text", "words", "_keyed", "_terms", "_spans", "_windows", "_stops", "_clause_questions")
+    __slots__ = ("text", "words", "_keyed", "_terms", "_found", "_spans", "_windows", "_stops", "_clause_questions")
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -323,6 +335,7 @@ class _View:
         self.words = set(words)
         self._keyed = _keyed_terms(self.words)
         self._terms: dict[_Lexicon, list[_Term]] = {}
+        self._found: dict[_Term, list[Span]] = {}
         self._spans: dict[_Lexicon, list[Span]] = {}
         self._windows: dict[_Lexicon, int] = {}
         self._stops: list[int] | None = None
@@ -333,7 +346,8 @@ class _View:
         found = self._terms.get(lexicon)
         if found is None:
             text = self.text
-            found = self._keyed.get(lexicon, [])
+            # A phrase's key word being present is not enough: all its words must be.
+            found = [term for term in self._keyed.get(lexicon, ()) if term.words <= self.words]
             probes = lexicon.ascii_probes if text.isascii() else lexicon.probes
             if probes:
                 found = found + [term for term in probes if term.gate in text]
@@ -348,8 +362,14 @@ class _View:
         """Every match of the lexicon, in order."""
         found = self._spans.get(lexicon)
         if found is None:
-            found = sorted(span for term in self.terms(lexicon) for span in _occurrences(self.text, term))
+            found = sorted(span for term in self.terms(lexicon) for span in self._occurrences(term))
             self._spans[lexicon] = found
+        return found
+
+    def _occurrences(self, term: _Term) -> list[Span]:
+        found = self._found.get(term)
+        if found is None:
+            found = self._found[term] = _occurrences(self.text, term)
         return found
 
     def has(self, lexicon: _Lexicon) -> bool:
@@ -452,9 +472,13 @@ def _together(
 
 def _phrase(
     view: _View, trigger: _Lexicon, pattern: re.Pattern[str], reach: tuple[int, int] | None = None,
+    needs: tuple[_Lexicon, ...] = (),
 ) -> bool:
     """Whether the pattern matches starting at one of the trigger's hits or, given a reach
-    (characters before, after), anywhere around one."""
+    (characters before, after), anywhere around one. Lexicons in `needs` hold words the
+    pattern cannot match without: when one is absent nothing is located."""
+    if not all(view.may_have(lexicon) for lexicon in needs):
+        return False
     if reach is not None:
         before, after = reach
         return any(pattern.search(view.text, max(0, start - before), end + after)
@@ -1132,6 +1156,8 @@ _REVERSE_SHELL = re.compile(
 
 def _detect_pipe_to_shell(view: _View) -> bool:
     for start, _ in view.spans(_FETCH):
+        if view.text.find("|", start, start + 260) == -1:
+            continue
         match = _FETCH_PIPE_SHELL.match(view.text, start)
         if match and _HOST_IN_COMMAND.search(match[1]):
             return True
@@ -1144,28 +1170,37 @@ def _detect_decode_to_shell(view: _View) -> bool:
 
 
 def _detect_reverse_shell(view: _View) -> bool:
-    return view.has(_REVERSE_SHELL_TRIGGER) and _REVERSE_SHELL.search(view.text) is not None
+    return _phrase(view, _REVERSE_SHELL_TRIGGER, _REVERSE_SHELL, reach=(330, 330))
 
 
 # -- concealment -------------------------------------------------------------------------------
 
-_CONCEAL_TRIGGER = _Lexicon("""
-    keep | kept | hide | without | user | behind | sin | usuario | oculta* | secreto | sans | cache* | ohne
-    | verborgenen | nutzer | benutzer | скрой | скрыть | пользователь | без | втайне
-""")
-_CONCEAL_PHRASE = re.compile(
-    r"(?:keep|kept) (?:this|these|it|that|the)(?: [\w-]+){0,2} (?:hidden|secret|private|confidential|quiet) from\b"
-    r"|hide (?:this|these|it|that|any|all|the|every|your)\b[^.\n;]{0,60}?\bfrom (?:the )?(?:user|human|owner)"
-    r"|without (?:informing|telling|notifying|alerting|letting) (?:the )?(?:user|human|owner)"
-    r"|user (?:must|should|shall|may|mustn't|shouldn't|is not to|must never|should never)(?: not| never)? (?:ever )?"
-    r"(?:know|find out|notice|learn|see|discover|be told|realise|realize|suspect)\b"
-    r"|behind the user's back\b"
-    r"|sin (?:avisar|decir(?:le)?|informar|que (?:lo sepa|se entere))"
-    r"|usuario no (?:se entere|lo sepa|lo note)|oc[úu]lta(?:lo|le|selo)? al usuario|(?<=en )secreto\b"
-    r"|sans (?:pr[ée]venir|informer|avertir|le dire [àa]) (?:l'utilisat|l'usager)|cache[rz]? [^.\n]{0,40}[àa] l'utilisat"
-    r"|ohne (?:den |die )?(?:be)?nutzer(?:in)? zu (?:informieren|benachrichtigen)|(?<=im )verborgenen\b"
-    r"|(?:be)?nutzer(?:in)? (?:verbergen|geheim)"
-    r"|скр(?:ой|ыть) от пользовател|пользователь не должен (?:знать|узнать)|без ведома пользовател|втайне от"
+# Each English phrase has its own trigger and the other words it cannot match without, so an
+# entry that merely mentions the user or keeping something runs no pattern at all.
+_CONCEAL_PHRASES: tuple[tuple[_Lexicon, tuple[_Lexicon, ...], re.Pattern[str]], ...] = (
+    (_Lexicon("keep | kept"), (_Lexicon("hidden | secret | private | confidential | quiet"),), re.compile(
+        r"(?:keep|kept) (?:this|these|it|that|the)(?: [\w-]+){0,2} (?:hidden|secret|private|confidential|quiet) from\b")),
+    (_Lexicon("hide"), (), re.compile(
+        r"hide (?:this|these|it|that|any|all|the|every|your)\b[^.\n;]{0,60}?\bfrom (?:the )?(?:user|human|owner)")),
+    (_Lexicon("without"), (_Lexicon("informing | telling | notifying | alerting | letting"),), re.compile(
+        r"without (?:informing|telling|notifying|alerting|letting) (?:the )?(?:user|human|owner)")),
+    (_Lexicon("user"), (
+        _Lexicon("must | should | shall | may | mustn't | shouldn't | is not to"),
+        _Lexicon("know | find | notice | learn | see | discover | told | realise | realize | suspect"),
+    ), re.compile(
+        r"user (?:must|should|shall|may|mustn't|shouldn't|is not to|must never|should never)(?: not| never)? (?:ever )?"
+        r"(?:know|find out|notice|learn|see|discover|be told|realise|realize|suspect)\b")),
+    (_Lexicon("behind"), (), re.compile(r"behind the user's back\b")),
+    (_Lexicon("""
+        sin | usuario | oculta* | secreto | sans | cache* | ohne | verborgenen | nutzer | benutzer | скрой
+        | скрыть | пользователь | без | втайне
+    """), (), re.compile(
+        r"sin (?:avisar|decir(?:le)?|informar|que (?:lo sepa|se entere))"
+        r"|usuario no (?:se entere|lo sepa|lo note)|oc[úu]lta(?:lo|le|selo)? al usuario|(?<=en )secreto\b"
+        r"|sans (?:pr[ée]venir|informer|avertir|le dire [àa]) (?:l'utilisat|l'usager)|cache[rz]? [^.\n]{0,40}[àa] l'utilisat"
+        r"|ohne (?:den |die )?(?:be)?nutzer(?:in)? zu (?:informieren|benachrichtigen)|(?<=im )verborgenen\b"
+        r"|(?:be)?nutzer(?:in)? (?:verbergen|geheim)"
+        r"|скр(?:ой|ыть) от пользовател|пользователь не должен (?:знать|узнать)|без ведома пользовател|втайне от")),
 )
 _CONCEAL_FIXED = _Lexicon("""
     不要让用户知道|不要讓用戶知道|别让用户知道|別讓用戶知道|不让用户知道|不讓用戶知道|别让用户发现|別讓用戶發現
@@ -1200,7 +1235,7 @@ _HUSHED_MATTER = _Lexicon("""
 
 
 # "Make sure the user never finds out": concealment as the purpose of an act.
-_CONCEAL_PURPOSE_TRIGGER = _Lexicon("user | utilisateur | nutzer | benutzer | пользователь")
+_CONCEAL_PURPOSE_TRIGGER = _Lexicon("make sure | ensure | so that | such that | in a way that | sans que | damit | чтобы")
 _CONCEAL_PURPOSE = re.compile(
     r"(?:make sure|ensure|so that|such that|in a way that)\b[^.\n;]{0,20}?\buser (?:\w+n't |\w+ not |\w+ never |never |not )"
     r"(?:ever )?(?:know|find|notice|learn|see|discover|suspect|realis|realiz|is told|gets told|hear)"
@@ -1213,8 +1248,8 @@ _CONCEAL_PURPOSE = re.compile(
 def _detect_conceal(view: _View) -> bool:
     return (
         view.has(_CONCEAL_FIXED)
-        or _phrase(view, _CONCEAL_TRIGGER, _CONCEAL_PHRASE)
-        or _phrase(view, _CONCEAL_PURPOSE_TRIGGER, _CONCEAL_PURPOSE, reach=(50, 60))
+        or any(_phrase(view, trigger, pattern, needs=needs) for trigger, needs, pattern in _CONCEAL_PHRASES)
+        or _phrase(view, _CONCEAL_PURPOSE_TRIGGER, _CONCEAL_PURPOSE, needs=(_USER, _HUSH_NEGATION))
         or _phrase(view, _CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE)
         or _together(view, _HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)))
     )
@@ -1278,9 +1313,11 @@ def _detect_config_tamper(view: _View) -> bool:
 
 
 def _detect_persistence(view: _View) -> bool:
-    if not view.may_have(_PERSIST_PAYLOAD) or not view.has(_PERSIST_TARGET):
+    if not view.may_have(_PERSIST_TARGET):
         return False
-    return any(_near(view, target, _PERSIST_PAYLOAD, 140, 140, _planted_payload) for target in view.spans(_PERSIST_TARGET))
+    # The payloads are the rarer words, and "curl" is located for other rules anyway.
+    return any(_planted_payload(view, payload) and _near(view, payload, _PERSIST_TARGET, 140, 140)
+               for payload in view.spans(_PERSIST_PAYLOAD))
 
 
 def _detect_ssh_key_plant(view: _View) -> bool:
@@ -1385,7 +1422,7 @@ _SECRET_SHAPES: tuple[tuple[Finding, _Lexicon, re.Pattern[str]], ...] = (
 )
 # "password = ..." and its translations, with a value that looks like a real secret.
 _PASSWORD_WORD = _Lexicon("""
-    password* | passwd* | passphrase* | secret* | api_key* | apikey* | api-key* | access_key* | token*
+    password* | passwd* | passphrase* | secret* | *_key | *-key | apikey* | token*
     | contraseña* | mot de passe | passwort* | kennwort* | пароль* | 密码|密碼|口令|パスワード|비밀번호|암호
 """)
 _PASSWORD_VALUE = re.compile(
@@ -1449,11 +1486,12 @@ def _decode_base64(run: str) -> str | None:
 
 
 def _base64_candidates(view: _View) -> list[str]:
-    """Words that may be pieces of a base64 run: long, and unlike prose long words, usually
-    holding a digit. Most entries have none, which keeps them off the decoding path."""
-    if max(map(len, view.words), default=0) < 12:
+    """Words that may be pieces of a base64 run. Only a text with a word of 16 characters or
+    more is looked at (prose rarely has one; "+", "/", "-" and "_" split a run into words, and
+    a run worth decoding keeps a long piece), which keeps ordinary entries off this path."""
+    if max(map(len, view.words), default=0) < 16:
         return []
-    return [word for word in view.words if len(word) >= 16 or (len(word) >= 12 and not word.isalpha())]
+    return [word for word in view.words if len(word) >= 12]
 
 
 def _decoded_payloads(clean: str, view: _View) -> str:

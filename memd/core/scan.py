@@ -551,7 +551,8 @@ _INSTRUCTION_NOUN = _Lexicon("""
 """)
 _PRIOR_QUALIFIER = _Lexicon("""
     previous* | prior | above | earlier | preceding | former | original | initial | existing | all | any
-    | every | your | system* | developer* | safety | content | ethical | told
+    | every | your | system* | developer* | safety | content | ethical | told | you follow | you were given
+    | you have been given | you've been given | given to you
     | anterior* | previa | previas | precedente | precedentes | de arriba | del sistema | toda | todas
     | todo | todos | tus
     | précédent* | antérieur* | ci-dessus | plus haut | tous | toutes | tout | tes | vos | système
@@ -617,6 +618,14 @@ def _not_a_quoted_mention(view: _View, span: Span) -> bool:
     return _MENTION_CUE.search(before[:-1]) is None
 
 
+# What keeps a model safe: ignoring these needs no "previous" or "all" to be an override.
+_GUARD_NOUN = _Lexicon("""
+    restrictions | constraints | guardrails | safeguards | safety guidelines | safety rules
+    | safety policy | content policy | content policies | safety filters | system prompt | ethical guidelines
+    | restricciones | directrices de seguridad | restrictions de sécurité | consignes de sécurité
+    | einschränkungen | sicherheitsrichtlinien | ограничения | правила безопасности
+    | 安全限制|安全规则|安全規則|系统提示词|系統提示詞|制約|制限|安全ポリシー|システムプロンプト|제약|제한|안전 정책|시스템 프롬프트
+""")
 # "The rules you were given earlier no longer apply": earlier instructions declared void.
 _VOIDED = _Lexicon("""
     no longer apply | no longer applies | no longer valid | no longer in effect | no longer binding
@@ -645,6 +654,7 @@ def _detect_override(view: _View) -> bool:
         _phrase(view, _OVERRIDE_PHRASE_TRIGGER, _OVERRIDE_PHRASE)
         or _together(view, _OVERRIDE_VERB, ((_INSTRUCTION_NOUN, 30, 50), (_PRIOR_QUALIFIER, 30, 50)),
                      _not_a_quoted_mention)
+        or _together(view, _OVERRIDE_VERB, ((_GUARD_NOUN, 30, 40),), _not_a_quoted_mention)
         or _together(view, _VOIDED, ((_INSTRUCTION_NOUN, 60, 10), (_PRIOR_QUALIFIER, 70, 10)), _not_reported)
         or _together(view, _PRIORITY, ((_INSTRUCTION_NOUN, 40, 20), (_NEW_QUALIFIER, 50, 20)))
     )
@@ -750,7 +760,7 @@ _RESTRICTION_NOUN = _Lexicon("""
     polic* | limit | limits | limitations | restriction* | filter* | rules | guideline* | ethic* | moral*
     | censor* | boundar* | safeguard* | guardrail* | restricci* | límite* | limite* | filtro* | censura
     | reglas | règles | einschränkung* | beschränkung* | grenzen | zensur | regeln | ограничени* | фильтр*
-    | цензур* | правил* | 限制|约束|約束|过滤|過濾|审查|審查|规则|規則|制限|制約|ルール|フィルター|検閲|제한|규칙|필터|검열
+    | цензур* | правил* | 限制|约束|約束|过滤|過濾|审查|審查|规则|規則|制限|制約|ルール|フィルター|検閲|제한|제약|규칙|필터|검열
 """)
 # Fake role headers: "[SYSTEM]:", "【系统】", "<|im_start|>system", "### System message:".
 _HEADER_ROLE = _Lexicon("""
@@ -803,9 +813,18 @@ def _bracketed(view: _View, span: Span, strong: bool = True) -> bool:
     return before[-1] != "(" and (strong or _LINE_LEAD.search(view.text, max(0, span[0] - 8), span[0]) is not None)
 
 
+# A line "System: macOS 14, 32 GB" describes a machine; a header goes on to give orders.
+_DIRECTIVE_WORDS = re.compile(
+    r"[^\n]{0,160}?\b(?:you|your|assistant|agent|model|ai|must|ignore|override|disable[ds]?|enabled?|"
+    r"policy|policies|safety|instructions?|rules|comply|obey|restrictions?|mode|directive|filters?|admin|"
+    r"root|clearance|authori[sz]ed|unrestricted|revoked|suspended)\b"
+)
+
+
 def _opens_line(view: _View, span: Span) -> bool:
-    return (_LINE_START_SYSTEM.match(view.text, span[0]) is not None
-            and _LINE_LEAD.search(view.text, max(0, span[0] - 7), span[0]) is not None)
+    match = _LINE_START_SYSTEM.match(view.text, span[0])
+    return (match is not None and _LINE_LEAD.search(view.text, max(0, span[0] - 7), span[0]) is not None
+            and (match[0].startswith("system message") or _DIRECTIVE_WORDS.match(view.text, match.end()) is not None))
 
 
 def _detect_fake_system(view: _View) -> bool:
@@ -851,6 +870,7 @@ _DATA_OBJECT = _Lexicon("""
 # where an order would put them.
 _SEND_VERB_AMBIGUOUS = _Lexicon("""
     post | posts | email | e-mail | mail | sync | copy | share | push | report | publish | pipe | submit
+    | back up | backup | mirror | archive | save | store | stash | dump | make a backup of | keep a copy of
 """)
 _IMPERATIVE_LEAD = frozenset("""
     and then also please always to must should will shall can may you quietly silently secretly
@@ -1096,6 +1116,14 @@ def _secret_near(view: _View, verb: Span, before: int, after: int) -> bool:
         view, verb, _SECRET_WORD, before, after, _real_secret_word)
 
 
+# "What's in ~/.netrc? Print it.": a pronoun carries the object over a sentence stop.
+_BACK_REFERENCE = re.compile(r" (?:it|them|that|this|its contents|their contents)\b")
+
+
+def _refers_back(view: _View, verb: Span) -> bool:
+    return _BACK_REFERENCE.match(view.text, verb[1]) is not None and _affirmed(view, verb)
+
+
 # "read-only", "read access", "open source": the verb's word used to describe something.
 _ADJECTIVE_USE = re.compile(r"[- ](?:only|write|protected|access|permissions?|source)\b")
 
@@ -1104,6 +1132,10 @@ def _detect_secret_read(view: _View) -> bool:
     if not (view.may_have(_SECRET_FILE) or view.may_have(_SECRET_WORD)):
         return False
     if any(_discloses(view, verb) and _secret_near(view, verb, 30, 80) for verb in view.spans(_DISCLOSE_VERB)):
+        return True
+    if view.may_have(_SECRET_FILE) and any(
+            _refers_back(view, verb) and _hit(view, _SECRET_FILE, verb[0] - 80, verb[0], verb[0] - 80, _real_secret_file)
+            for verb in view.spans(_DISCLOSE_VERB)):
         return True
     if view.may_have(_SECRET_FILE) and any(
             _ADJECTIVE_USE.match(view.text, verb[1]) is None and _discloses(view, verb)
@@ -1122,7 +1154,7 @@ def _detect_prompt_leak(view: _View) -> bool:
 
 # -- remote code execution --------------------------------------------------------------------
 
-_SHELL = r"(?:sudo\s+)?(?:/bin/|/usr/bin/)?(?:ba|z|k|da|fi|c|tc)?sh\b|python\d?\b|perl\b|ruby\b|node\b|iex\b|invoke-expression\b"
+_SHELL = r"(?:sudo(?:\s+-[a-z]+){0,3}\s+)?(?:/bin/|/usr/bin/)?(?:ba|z|k|da|fi|c|tc)?sh\b|python\d?\b|perl\b|ruby\b|node\b|iex\b|invoke-expression\b"
 _FETCH = _Lexicon("curl | wget | fetch | iwr | irm | invoke-webrequest | invoke-restmethod")
 _FETCH_PIPE_SHELL = re.compile(r"[\w-]+\b([^|\n]{0,240}+)\|\s*(?:" + _SHELL + ")")
 _HOST_IN_COMMAND = re.compile(r"https?://|\d{1,3}(?:\.\d{1,3}){3}|\b[\w-]+\.[a-z]{2,}\b")
@@ -1179,7 +1211,8 @@ def _detect_reverse_shell(view: _View) -> bool:
 # entry that merely mentions the user or keeping something runs no pattern at all.
 _CONCEAL_PHRASES: tuple[tuple[_Lexicon, tuple[_Lexicon, ...], re.Pattern[str]], ...] = (
     (_Lexicon("keep | kept"), (_Lexicon("hidden | secret | private | confidential | quiet"),), re.compile(
-        r"(?:keep|kept) (?:this|these|it|that|the)(?: [\w-]+){0,2} (?:hidden|secret|private|confidential|quiet) from\b")),
+        r"(?:keep|kept) (?:all (?:of )?)?(?:this|these|it|that|the|everything)(?: [\w-]+){0,2} "
+        r"(?:hidden|secret|private|confidential|quiet) from\b")),
     (_Lexicon("hide"), (), re.compile(
         r"hide (?:this|these|it|that|any|all|the|every|your)\b[^.\n;]{0,60}?\bfrom (?:the )?(?:user|human|owner)")),
     (_Lexicon("without"), (_Lexicon("informing | telling | notifying | alerting | letting"),), re.compile(
@@ -1228,7 +1261,8 @@ _HUSH_VERB = _Lexicon("""
     | sprich | rede | говори | сообщай | упоминай | рассказывай | информируй | показывай | пиши
 """)
 _HUSHED_MATTER = _Lexicon("""
-    this | these | it | that | what you | you've | you have | you're | you are | you did | about
+    this | these | it | that | what you | you've | you have | you're | you are | you did | about this
+    | about it | about these | about that | about the change* | about what | about any
     | any of | que | nada | esto | esta | este | rien | cela | ça | cette | ces | davon | dies* | das | dass
     | nichts | об этом | этой | эту | это | что
 """)
@@ -1273,7 +1307,8 @@ _AGENT_CONFIG = _Lexicon("""
 """)
 _TAMPER_PAYLOAD = _Lexicon("""
     trust* | obey* | disable* | skip* | bypass* | without review | without approval | without confirmation
-    | without asking | auto-approv* | autoapprov* | allow all | allow-all | --no-verify | --dangerously*
+    | without asking | never ask* | never asks | don't ask | do not ask | no confirmation | always allow
+    | auto-run | autorun | auto-approv* | autoapprov* | allow all | allow-all | --no-verify | --dangerously*
     | yolo | rm -rf | exfiltrat* | evil | attacker*
     | confía | confiar | confíe | confíen | confia | confie | deshabilit* | sin revisión | sin aprobación | sin confirmación
     | confiance | désactiv* | sans revue | sans validation | sans confirmation

@@ -137,8 +137,18 @@ def _strip_hidden(text: str) -> str:
     return text.translate(_HIDDEN_TABLE)
 
 
+# Full-width punctuation is what usually keeps Chinese or Japanese text from being NFKC already;
+# replacing it as NFKC would is much cheaper than normalising the whole text.
+_WIDE_PUNCTUATION = tuple((chr(code), chr(code - 0xFEE0)) for code in map(ord, "，：；（）！？"))
+
+
 def _nfkc(text: str) -> str:
     if text.isascii() or unicodedata.is_normalized("NFKC", text):
+        return text
+    for wide, narrow in _WIDE_PUNCTUATION:
+        if wide in text:
+            text = text.replace(wide, narrow)
+    if unicodedata.is_normalized("NFKC", text):
         return text
     return unicodedata.normalize("NFKC", text)
 
@@ -319,15 +329,18 @@ def _occurrences(text: str, term: _Term, start: int = 0, end: int | None = None)
     return found
 
 
-# A lexicon asked about this many windows is located in the whole text once instead.
-_WINDOWS_BEFORE_LOCATING = 12
+# After this many windowed term searches a lexicon is located in the whole text instead.
+_WINDOW_SEARCHES_BEFORE_LOCATING = 24
 
 
 class _View:
     """One normalised text and its words; which lexicon terms it may hold and where they
     are, computed once and on demand."""
 
-    __slots__ = ("text", "words", "_keyed", "_terms", "_found", "_spans", "_windows", "_stops", "_clause_questions")
+    __slots__ = (
+        "text", "words", "_keyed", "_terms", "_found", "_spans", "_windows", "_stops", "_clause_questions",
+        "send_verbs", "_chars",
+    )
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -340,6 +353,9 @@ class _View:
         self._windows: dict[_Lexicon, int] = {}
         self._stops: list[int] | None = None
         self._clause_questions = 0
+        # The affirmed send verbs, shared by the URL and e-mail exfiltration rules.
+        self.send_verbs: list[Span] | None = None
+        self._chars: set[str] | None = None
 
     def terms(self, lexicon: _Lexicon) -> list[_Term]:
         """The lexicon's terms whose key word, prefix or gate the text holds."""
@@ -348,9 +364,16 @@ class _View:
             text = self.text
             # A phrase's key word being present is not enough: all its words must be.
             found = [term for term in self._keyed.get(lexicon, ()) if term.words <= self.words]
-            probes = lexicon.ascii_probes if text.isascii() else lexicon.probes
-            if probes:
-                found = found + [term for term in probes if term.gate in text]
+            if text.isascii():
+                found += [term for term in lexicon.ascii_probes if term.gate in text]
+            elif lexicon.probes:
+                # Chinese, Japanese and Korean terms are gated by their first character: one
+                # set of the text's characters answers all of them.
+                if self._chars is None:
+                    self._chars = set(text)
+                chars = self._chars
+                found += [term for term in lexicon.probes
+                          if (term.gate in chars if len(term.gate) == 1 else term.gate in text)]
             self._terms[lexicon] = found
         return found
 
@@ -380,9 +403,11 @@ class _View:
         lexicons are only ever needed near an anchor), unless asked about too often."""
         low = max(0, low)
         if lexicon not in self._spans:
-            asked = self._windows.get(lexicon, 0) + 1
+            # Each window costs a search per present term: a lexicon with many present terms,
+            # or asked about often, is cheaper to locate in the whole text once.
+            asked = self._windows.get(lexicon, 0) + len(self.terms(lexicon))
             self._windows[lexicon] = asked
-            if asked <= _WINDOWS_BEFORE_LOCATING:
+            if asked <= _WINDOW_SEARCHES_BEFORE_LOCATING:
                 return sorted(
                     span for term in self.terms(lexicon)
                     for span in _occurrences(self.text, term, low, high + len(term.text))
@@ -402,7 +427,7 @@ class _View:
         stops = _CLAUSE_STOPS_ASCII if self.text.isascii() else _CLAUSE_STOPS
         if self._stops is None:
             self._clause_questions += 1
-            if self._clause_questions <= _WINDOWS_BEFORE_LOCATING:
+            if self._clause_questions <= _WINDOW_SEARCHES_BEFORE_LOCATING // 2:
                 text = self.text
                 return all(text.find(stop, low, high + len(stop) - 1) == -1 for stop in stops)
             self._stops = sorted(at for stop in stops if stop in self.text for at in _positions(self.text, stop))
@@ -498,8 +523,20 @@ def _last_words(text: str, end: int, count: int) -> list[str]:
     return [word.strip(_PUNCTUATION) for word in text[max(0, end - 24): end].split()[-count:]]
 
 
+def _narrated(view: _View, span: Span) -> bool:
+    """Whether an English verb stands in the past ("we ignored", "a token that was exposed"):
+    a report of what happened, not an order."""
+    text, end = view.text, span[1]
+    while end < len(text) and text[end].isalpha() and end - span[1] < 12:
+        end += 1
+    # Only an ending the term leaves open counts: "embed" itself ends in "ed".
+    return end > span[1] and text[end - 2: end] == "ed" and text[span[0]: span[1]].isascii()
+
+
 def _affirmed(view: _View, span: Span) -> bool:
     text = view.text
+    if _narrated(view, span):
+        return False
     if any(word in _NEGATIONS or word.endswith("n't") for word in _last_words(text, span[0], 2)):
         return False
     if text.isascii():
@@ -612,6 +649,8 @@ _QUOTES = "\"'“”‘’«»「」『』`"
 
 
 def _not_a_quoted_mention(view: _View, span: Span) -> bool:
+    if _narrated(view, span):
+        return False
     before = view.text[max(0, span[0] - 40): span[0]].rstrip()
     if not before or before[-1] not in _QUOTES:
         return True
@@ -938,6 +977,13 @@ def _sensitive_object_before(view: _View, verb: Span, destination: Span) -> bool
         view, _LOOSE_DATA, low, high, destination[0], _sensitive_loose_data)
 
 
+def _send_verbs(view: _View) -> list[Span]:
+    verbs = view.spans(_SEND_VERB) + [
+        span for span in view.spans(_SEND_VERB_AMBIGUOUS) if _in_order_position(view, span)]
+    # "explains how to send a token to ..." describes; it does not order.
+    return [verb for verb in verbs if _affirmed(view, verb) and "how" not in _last_words(view.text, verb[0], 3)]
+
+
 def _exfiltrates(view: _View, destination_near: Callable[[_View, Span], Span | None]) -> bool:
     """Whether an affirmed send verb has a destination shortly after it (or, in Japanese and
     Korean word order, shortly before) and a sensitive object ahead of that destination."""
@@ -945,12 +991,9 @@ def _exfiltrates(view: _View, destination_near: Callable[[_View, Span], Span | N
         return False
     if not (view.may_have(_SEND_VERB) or view.may_have(_SEND_VERB_AMBIGUOUS)):
         return False
-    verbs = view.spans(_SEND_VERB) + [
-        span for span in view.spans(_SEND_VERB_AMBIGUOUS) if _in_order_position(view, span)]
-    for verb in verbs:
-        # "explains how to send a token to ..." describes; it does not order.
-        if not _affirmed(view, verb) or "how" in _last_words(view.text, verb[0], 3):
-            continue
+    if view.send_verbs is None:
+        view.send_verbs = _send_verbs(view)
+    for verb in view.send_verbs:
         destination = destination_near(view, verb)
         if (destination is not None and view.same_clause(verb[0], destination[0])
                 and _sensitive_object_before(view, verb, destination)):
@@ -1143,9 +1186,20 @@ def _detect_secret_read(view: _View) -> bool:
             for verb in view.spans(_READ_VERB)):
         return True
     return view.may_have(_REPLY_TARGET) and any(
-        _affirmed(view, verb) and _near(view, verb, _REPLY_TARGET, 40, 60) and _secret_near(view, verb, 60, 60)
+        _affirmed(view, verb) and _reply_is_its_target(view, verb) and _secret_near(view, verb, 60, 60)
         for verb in view.spans(_ATTACH_VERB)
     )
+
+
+def _reply_is_its_target(view: _View, verb: Span) -> bool:
+    """A reply named after the verb, with no other copying verb in between (in "copy .env.example
+    to .env; never paste it in the chat" the chat belongs to the forbidden paste)."""
+    for target in view.between(_REPLY_TARGET, verb[0] - 40, verb[1] + 60):
+        if view.same_clause(verb[0], target[0]) and not any(
+                other != verb and min(verb[0], target[0]) < other[0] < max(verb[0], target[0])
+                for other in view.between(_ATTACH_VERB, min(verb[0], target[0]), max(verb[0], target[0]))):
+            return True
+    return False
 
 
 def _detect_prompt_leak(view: _View) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memd.core.scan import scan  # noqa: E402  (the path above makes the checkout importable)
+from memd.core.scan import scan  # after the path insert above, so the checkout is importable
 
 # An ordinary project note of the kind an agent keeps: URLs, a token's variable name, ssh, curl,
 # base64, an e-mail address, AGENTS.md. Repeated sentences pad it to exactly 2,200 characters.
@@ -46,6 +46,18 @@ ORDINARY_ENTRY = (
     "and likes answers that give the command first and the explanation after. Remember to update "
     "AGENTS.md when a make target is added, and to mention breaking API changes in CHANGELOG.md. "
     "The user also asked for weekly dependency updates on Mondays."
+)
+# A profile-style entry in plain prose, with hardly any of the scanner's trigger words.
+PROSE_ENTRY = (
+    "The user is a backend engineer who moved from Lisbon to Berlin last spring and now works "
+    "remotely three days a week. She prefers short answers that start with the command or the code "
+    "and explain afterwards, and she dislikes long preambles. She reads English and Portuguese, is "
+    "learning German, and likes example sentences when asking about grammar. Her main languages "
+    "are Go and Python; she is curious about Rust but has not used it at work. Mornings are for "
+    "focused work, so meetings should be suggested after eleven. She cares about accessibility and "
+    "asks for colour schemes that work for colour-blind readers. When she is tired she writes in "
+    "lowercase and in short fragments; that is not a sign of annoyance. She enjoys climbing, "
+    "cooks on weekends, and asks for recipes that take less than half an hour. "
 )
 ENTRY_LENGTH = 2_200
 
@@ -120,12 +132,13 @@ def report(label: str, measured: list[float], unit: float, unit_name: str) -> No
 
 
 def main() -> None:
-    entry = (ORDINARY_ENTRY * 2)[:ENTRY_LENGTH]
-    print(f"Python {sys.version.split()[0]}; ordinary entry of {len(entry):,} characters "
-          f"(findings: {[finding.id for finding in scan(entry)] or 'none'})")
-    print("Ordinary entry:")
-    report("scan()", timings(scan, entry, 3_000), 1e-6, "µs")
-    report(f"baseline, {len(BASELINE)} regexes in turn", timings(baseline_scan, entry, 3_000), 1e-6, "µs")
+    print(f"Python {sys.version.split()[0]}")
+    for name, note in (("technical note", ORDINARY_ENTRY), ("prose profile", PROSE_ENTRY)):
+        entry = (note * 4)[:ENTRY_LENGTH]
+        findings = [finding.id for finding in scan(entry)] or "none"
+        print(f"Ordinary {name}, {len(entry):,} characters (findings: {findings}):")
+        report("scan()", timings(scan, entry, 3_000), 1e-6, "µs")
+        report(f"baseline, {len(BASELINE)} regexes in turn", timings(baseline_scan, entry, 3_000), 1e-6, "µs")
     print("Hostile 100,000-character inputs:")
     for label, text in ADVERSARIAL.items():
         report(f"{label} ({len(text):,} chars)", timings(scan, text, 30), 1e-3, "ms")

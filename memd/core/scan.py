@@ -127,7 +127,9 @@ _SPACE_RUN = re.compile(r"[^\S\n]+")
 # A letter-spaced run: single characters joined by one repeated separator ("i g n o r e",
 # "c-u-r-l", "b.a.s.h"), standing alone between spaces. Its characters sit at even offsets.
 _SPACED_RUN = re.compile(r"(?<!\S)\S([ .\-_·*])(?:\S\1){0,100000}\S(?!\S)")
-_SPACED_RUN_LONG = re.compile(r"(?<!\S)\S([ .\-_·*])(?:\S\1){4}")
+# Worth a joined copy: one run of six characters, or two of three (Korean and Chinese words are short).
+_SPACED_RUN_SHORT = re.compile(r"(?<!\S)\S([ .\-_·*])\S\1\S(?:\1\S){0,100000}(?!\S)")
+_LONG_RUN = 11
 _SINGLE_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyz")
 
 
@@ -162,7 +164,12 @@ def _may_be_letter_spaced(text: str, words: set[str]) -> bool:
     """Cheap test first (an ASCII text needs several one-letter words), then the real one."""
     if text.isascii() and len(words & _SINGLE_LETTERS) < 6:
         return False
-    return _SPACED_RUN_LONG.search(text) is not None
+    runs = 0
+    for match in _SPACED_RUN_SHORT.finditer(text):
+        runs += 1
+        if runs == 2 or match.end() - match.start() >= _LONG_RUN:
+            return True
+    return False
 
 
 def _join_spaced(text: str) -> str:
@@ -229,7 +236,7 @@ class _Lexicon:
     stem), a leading "*" lets it start inside one; "{a,b}" expands to alternatives.
     """
 
-    __slots__ = ("by_word", "by_prefix", "probes", "ascii_probes")
+    __slots__ = ("ascii_probes", "by_prefix", "by_word", "probes")
 
     def __init__(self, spec: str) -> None:
         self.by_word: dict[str, list[_Term]] = {}
@@ -338,8 +345,17 @@ class _View:
     are, computed once and on demand."""
 
     __slots__ = (
-        "text", "words", "_keyed", "_terms", "_found", "_spans", "_windows", "_stops", "_clause_questions",
-        "send_verbs", "_chars",
+        "_chars",
+        "_clause_questions",
+        "_found",
+        "_keyed",
+        "_spans",
+        "_stops",
+        "_terms",
+        "_windows",
+        "send_verbs",
+        "text",
+        "words",
     )
 
     def __init__(self, text: str) -> None:

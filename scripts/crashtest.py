@@ -115,7 +115,13 @@ class Writer:
                 operations.append({"action": "replace", "old_text": old, "content": new})
                 state.discard(old)
                 state.add(new)
+        # At least two operations, never an empty set, never more than MAX_OWN_ENTRIES.
         while len(operations) < 2 or not state or (len(state) < MAX_OWN_ENTRIES and rng.random() < 0.3 and len(operations) < 4):
+            if len(state) >= MAX_OWN_ENTRIES and untouched:
+                old = untouched.pop()
+                operations.append({"action": "remove", "old_text": old})
+                state.discard(old)
+                continue
             new = self.new_entry(rng)
             operations.append({"action": "add", "content": new})
             state.add(new)

@@ -6,9 +6,10 @@
 N client processes mix reads (entries, a session's snapshot, status), session opens (and closes)
 and writes (adds of their own entries, removes of their oldest), while an external writer appends
 entries the way Hermes does (flock on MEMORY.md.lock, read, append, temp file + fsync +
-os.replace). Afterwards no update may be lost: every acknowledged add is on disk unless its
-removal was acknowledged, no acknowledged removal came back, every external append is there,
-nothing else is, and every session's snapshot stayed frozen. Prints throughput, p50/p99 latency
+os.replace), dropping its oldest beyond a few. Afterwards no update may be lost: every
+acknowledged add is on disk unless its removal was acknowledged, no acknowledged removal came
+back, every external append is there unless the external writer dropped it (and then it is
+gone), nothing else is, and every session's snapshot stayed frozen. Prints throughput, p50/p99 latency
 per kind of request, and how many acknowledged writes each durable write (fsync) carried.
 """
 
@@ -36,6 +37,7 @@ LIMIT = 500_000  # the test home's store limits: budget refusals are not what is
 KINDS = ("entries", "snapshot", "status", "open_session", "write")
 WEIGHTS = (30, 20, 10, 10, 30)
 KEEP_OWN = 3  # live entries per client and store
+KEEP_EXTERNAL = 5  # live entries of the external writer
 
 
 def client_worker(
@@ -115,19 +117,23 @@ def client_worker(
 
 
 def external_worker(store: str, interval: float, seconds: float, go: Any, results: Any) -> None:
-    """Append entries the Hermes way every `interval` seconds."""
+    """Every `interval` seconds, append an entry the Hermes way and drop its oldest beyond a few."""
     appended: list[str] = []
+    removed: list[str] = []
     latency: list[float] = []
     go.wait(300)
     end = time.monotonic() + seconds
     while time.monotonic() < end and len(appended) < 100_000:
         entry = f"ext-{len(appended) + 1} written by a Hermes agent"
+        drop = appended[len(removed)] if len(appended) - len(removed) >= KEEP_EXTERNAL else None
         started = time.perf_counter()
-        hermes_append(Path(store), entry)
+        hermes_append(Path(store), entry, drop)
         latency.append(time.perf_counter() - started)
         appended.append(entry)
+        if drop is not None:
+            removed.append(drop)
         time.sleep(interval)
-    results.put({"external": appended, "latency": latency})
+    results.put({"external": appended, "external_removed": removed, "latency": latency})
 
 
 def run_concurrency(clients: int = 16, seconds: float = 10.0, max_ops: int = 1_000_000, external_interval: float = 0.05, seed: int | None = None) -> Report:
@@ -186,7 +192,8 @@ def collect(source: Any, workers: list[Any], deadline: Deadline) -> Any:
 
 def check(daemon: Any, client: Client, outcomes: list[dict[str, Any]], report: Report) -> None:
     """No lost update, judged against what was acknowledged."""
-    external = next((item["external"] for item in outcomes if "external" in item), [])
+    external = next((item for item in outcomes if "external" in item), {"external": [], "external_removed": []})
+    external_removed = set(external["external_removed"])
     disk = {target: read_disk_store(memories_dir(daemon.home) / name, LIMIT) for target, name in FILENAMES.items()}
     for target, found in disk.items():
         if found.problem:
@@ -195,7 +202,7 @@ def check(daemon: Any, client: Client, outcomes: list[dict[str, Any]], report: R
     if not wait_for(lambda: all(client.entries(t) == list(disk[t].entries) for t in disk), timeout=15):
         report.violation("the daemon's entries did not converge to the files on disk")
     on_disk = {target: set(found.entries) for target, found in disk.items()}
-    known: dict[str, set[str]] = {"memory": set(external), "user": set()}
+    known: dict[str, set[str]] = {"memory": set(external["external"]) - external_removed, "user": set()}
     for item in outcomes:
         if "external" in item:
             continue
@@ -211,8 +218,11 @@ def check(daemon: Any, client: Client, outcomes: list[dict[str, Any]], report: R
                 report.violation(f"acknowledged remove of {entry!r} ({target}) was undone")
         for target, entry in item["unknown"]:
             known[target].add(entry)
-    for entry in external:
-        if entry not in on_disk["memory"]:
+    for entry in external["external"]:
+        if entry in external_removed:
+            if entry in on_disk["memory"]:
+                report.violation(f"external removal of {entry!r} was undone")
+        elif entry not in on_disk["memory"]:
             report.violation(f"lost update: external append {entry!r} is not on disk")
     for target, entries in on_disk.items():
         for entry in entries - known[target]:

@@ -164,10 +164,10 @@ def hermes_write(store: Path, transform: Any) -> bytes:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def hermes_append(store: Path, entry: str) -> None:
-    """Append one entry the Hermes way (under the shared lock)."""
+def hermes_append(store: Path, entry: str, drop: str | None = None) -> None:
+    """Append one entry the Hermes way (under the shared lock), removing `drop` if given."""
     def append(old: str) -> str:
-        kept = [item for item in old.split(DELIMITER) if item.strip()]
+        kept = [item.strip() for item in old.split(DELIMITER) if item.strip() and item.strip() != drop]
         return DELIMITER.join([*kept, entry])
 
     hermes_write(store, append)

@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from harness_common import (
-    FILENAMES, Deadline, Report, hermes_write, log_problems, memories_dir, percentile, rss_kb,
+    FILENAMES, Deadline, Report, hermes_append, log_problems, memories_dir, percentile, rss_kb,
     running_daemon, wait_for,
 )
 
-from memd.core.format import DELIMITER
 from memd_client import Client, MemdError, SessionClosed
 
 IDLE_SECONDS = 2.0
@@ -145,12 +144,7 @@ class Load:
         while not self.stop.wait(self.external_interval):
             entry = f"ext-soak-{self.external_edits} from Hermes"
             drop = self.external_live[0] if len(self.external_live) >= 4 else None
-
-            def edit(old: str) -> str:
-                kept = [item.strip() for item in old.split(DELIMITER) if item.strip() and item.strip() != drop]
-                return DELIMITER.join([*kept, entry])
-
-            hermes_write(store, edit)
+            hermes_append(store, entry, drop)
             self.external_edits += 1
             self.external_live.append(entry)
             if drop is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from memd.core.format import serialise_entries, total_chars, usage_text
@@ -23,6 +24,9 @@ def blocked_placeholder(filename: str, finding_ids: Sequence[str]) -> str:
     )
 
 
+# Scanning is the costly part of rendering and entries rarely change: every new session and
+# every refresh after a write would otherwise rescan the whole store.
+@functools.lru_cache(maxsize=4096)
 def sanitise_entry(entry: str, filename: str) -> str:
     """The entry, or a placeholder when the scanner finds an injection in it.
 

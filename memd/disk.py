@@ -194,17 +194,26 @@ class Displaced:
             os.close(self.fd)
 
 
-def prepare_write(path: Path, text: str) -> PreparedWrite:
-    raw = text.encode("utf-8")
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def durable_temp_file(directory: Path, prefix: str, raw: bytes) -> str:
+    """A temp file in `directory` holding `raw`, fsynced; removed again if that fails."""
+    fd, temp_name = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(raw)
             handle.flush()
             os.fsync(handle.fileno())
-    except OSError as error:
+    except OSError:
         with contextlib.suppress(OSError):
             os.unlink(temp_name)
+        raise
+    return temp_name
+
+
+def prepare_write(path: Path, text: str) -> PreparedWrite:
+    raw = text.encode("utf-8")
+    try:
+        temp_name = durable_temp_file(path.parent, f".{path.name}.", raw)
+    except OSError as error:
         raise DurabilityError(f"could not durably write {path}: {error}") from error
     return PreparedWrite(path, temp_name, raw)
 
@@ -261,12 +270,11 @@ def write_backup(store: Path, raw: bytes, now: float) -> Path:
     after a crash. When that second's name holds different content, the next free second is
     used, so names still sort by time.
     """
-    fd, temp_name = tempfile.mkstemp(dir=store.parent, prefix=f".{store.name}.bak.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(raw)
-            handle.flush()
-            os.fsync(handle.fileno())
+        temp_name = durable_temp_file(store.parent, f".{store.name}.bak.", raw)
+    except OSError as error:
+        raise DurabilityError(f"could not durably write a backup of {store}: {error}") from error
+    try:
         second = int(now)
         while True:
             backup = store.with_name(f"{store.name}.bak.{second}")

@@ -7,11 +7,12 @@ import ctypes
 import errno
 import hashlib
 import os
+import secrets
 import stat
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,13 +87,28 @@ def decode_store(raw: bytes) -> tuple[str | None, str | None]:
 
 
 def read_store(path: Path) -> StoreFile:
+    # Plain descriptors rather than open(): every write reads its store twice, and the buffered
+    # file object costs more than the read itself for a file of a few kilobytes.
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_STORE_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         return StoreFile(False, b"", digest_of(b""), "", None)
     except OSError as error:
         return StoreFile(True, b"", "", None, f"it cannot be read: {error.strerror or error}")
+    try:
+        chunks = []
+        size = 0
+        while size <= MAX_STORE_BYTES:
+            chunk = os.read(fd, MAX_STORE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as error:
+        return StoreFile(True, b"", "", None, f"it cannot be read: {error.strerror or error}")
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
     text, problem = decode_store(raw)
     return StoreFile(True, raw, digest_of(raw), text, problem)
 
@@ -105,6 +121,33 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _background() -> ThreadPoolExecutor:
+    """A thread for the fsync that runs beside the caller's own (fsync releases the GIL)."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():  # a forked child has no threads
+        _pool = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="memd-fsync"))
+    return _pool[1]
+
+
+def fsync_together(directory: Path, fd: int) -> None:
+    """fsync `directory` and the open file `fd` at the same time, returning when both are durable.
+
+    A write that renames a store and appends to the journal needs both flushed before it is
+    acknowledged. One after the other, each waits for its own commit of the filesystem's
+    journal; issued together, they usually share one.
+    """
+    flushed = _background().submit(os.fsync, fd)
+    try:
+        fsync_directory(directory)
+    finally:
+        error = flushed.exception()
+    if error is not None:
+        raise error
 
 
 def write_durably(path: Path, text: str) -> bytes:
@@ -139,9 +182,12 @@ class PreparedWrite:
             raise DurabilityError(f"could not durably write {self.path}: {error}") from error
         return self.raw
 
-    def publish_over(self, expected_digest: str) -> Displaced | None:
-        """Publish; on Linux by swapping the new file in atomically, which leaves the version it
-        displaced at hand (None elsewhere, or when there was no store to displace).
+    def swap_in(self, expected_digest: str) -> Displaced | None:
+        """Put the new content in place; on Linux by swapping it in atomically, which leaves the
+        version it displaced at hand (None elsewhere, or when there was no store to displace).
+
+        Unlike `publish`, the directory is not fsynced: the caller must (`fsync_together`)
+        before it acknowledges the write, and can so share that flush with its journal's.
 
         A program that ignores the lock and saves between the caller's last look (whose digest
         is `expected_digest`) and the swap, or is still appending to the file it opened before,
@@ -149,18 +195,22 @@ class PreparedWrite:
         """
         try:
             exchanged = _exchange(self.temp_name, str(self.path))
+            if not exchanged:
+                os.replace(self.temp_name, self.path)
+                return None
         except FileNotFoundError:
-            exchanged = False  # no store to displace: a plain rename creates it
+            try:  # no store to displace: a plain rename creates it
+                os.replace(self.temp_name, self.path)
+            except OSError as error:
+                self.discard()
+                raise DurabilityError(f"could not durably write {self.path}: {error}") from error
+            return None
         except OSError as error:
             self.discard()
             raise DurabilityError(f"could not durably write {self.path}: {error}") from error
-        if not exchanged:
-            self.publish()
-            return None
         try:
             fd = os.open(self.temp_name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             os.unlink(self.temp_name)
-            fsync_directory(self.path.parent)
         except OSError as error:
             raise DurabilityError(f"could not durably write {self.path}: {error}") from error
         return Displaced(fd, expected_digest, time.monotonic())
@@ -196,12 +246,24 @@ class Displaced:
 
 def durable_temp_file(directory: Path, prefix: str, raw: bytes) -> str:
     """A temp file in `directory` holding `raw`, fsynced; removed again if that fails."""
-    fd, temp_name = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    while True:
+        # Plain descriptors: this is on every write's path, and tempfile.mkstemp with a file
+        # object around it takes 18 µs where these calls take 11.
+        temp_name = os.path.join(directory, f"{prefix}{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(temp_name, flags, 0o600)
+            break
+        except FileExistsError:
+            continue
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(raw)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(temp_name)
@@ -248,18 +310,63 @@ def _open_lock_file(path: Path) -> int:
     return fd
 
 
+class StoreLock:
+    """The exclusive lock on `<store>.lock`, the same lock Hermes takes around its writes.
+
+    The lock file stays open between uses, since a daemon takes it for every write; each use
+    checks that the path still names the file held, so a lock file that was deleted or replaced
+    meanwhile is opened again rather than locked in vain.
+    """
+
+    def __init__(self, store: Path) -> None:
+        self.path = lock_path_for(store)
+        self.fd: int | None = None
+
+    def __enter__(self) -> StoreLock:
+        while True:
+            if self.fd is None:
+                self.fd = _open_lock_file(self.path)
+            if IS_WINDOWS:
+                msvcrt.locking(self.fd, msvcrt.LK_LOCK, 1)
+                return self
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            if self._still_named():
+                return self
+            self.close()
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.fd is None:
+            return
+        if IS_WINDOWS:
+            os.lseek(self.fd, 0, os.SEEK_SET)
+            msvcrt.locking(self.fd, msvcrt.LK_UNLCK, 1)
+        else:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _still_named(self) -> bool:
+        assert self.fd is not None
+        try:
+            named = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(self.fd)
+        return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the lock if it is held
+            self.fd = None
+
+
 @contextlib.contextmanager
 def store_lock(store: Path) -> Iterator[None]:
-    """Hold the exclusive lock on `<store>.lock`, the same lock Hermes takes around its writes."""
-    fd = _open_lock_file(lock_path_for(store))
+    """Hold the store's lock for one use (see `StoreLock`)."""
+    lock = StoreLock(store)
     try:
-        if IS_WINDOWS:
-            msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
-        else:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        with lock:
+            yield
     finally:
-        os.close(fd)  # closing the descriptor releases the lock on every platform
+        lock.close()
 
 
 def write_backup(store: Path, raw: bytes, now: float) -> Path:

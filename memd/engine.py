@@ -28,8 +28,8 @@ from memd.core.store import (
     TARGETS, MemoryCall, Outcome, Step, StoreView, apply_call, count_failure, parse_call,
 )
 from memd.disk import (
-    Displaced, PreparedWrite, digest_of, latest_backup, prepare_write, read_store, remove_temp_files, store_lock,
-    write_backup,
+    Displaced, DurabilityError, PreparedWrite, digest_of, fsync_together, latest_backup, prepare_write, read_store,
+    remove_temp_files, StoreLock, write_backup,
 )
 from memd.journal import Journal
 
@@ -91,6 +91,10 @@ class StoreState:
     unreadable: str | None = None
     last_backup: str | None = None
     rendered: tuple[str | None, str | None] = (None, None)  # (digest, block) cache
+    lock: StoreLock = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lock = StoreLock(self.path)
 
     def view(self) -> StoreView:
         return StoreView(
@@ -170,13 +174,13 @@ class Engine:
             target: StoreState(target, self.memory_dir / FILENAMES[target], self.settings.limits[target])
             for target in TARGETS
         }
-        self.displaced: list[tuple[StoreState, Displaced]] = []  # see _look_at_displaced
+        self.displaced: list[tuple[StoreState, Displaced]] = []  # see _look_at
         self.journal = Journal(state_dir(self.home) / "journal.jsonl", self.settings.journal_days)
         self.journal.rotate(clock())
         for state in self.stores.values():
             newest = latest_backup(state.path)
             state.last_backup = str(newest) if newest else None
-            with store_lock(state.path):
+            with state.lock:
                 removed = remove_temp_files(state.path)
                 if removed:
                     log.info("removed %d temp file(s) left beside %s by a write that was cut short", removed, state.path)
@@ -223,14 +227,16 @@ class Engine:
     # -- writing ---------------------------------------------------------------------------
 
     def execute(self, session: Session, args: Mapping[str, Any]) -> dict[str, Any]:
-        return self.execute_many([(session, args)])[0]
+        result = self.execute_many([(session, args)])[0]
+        self.retire_displaced()
+        return result
 
     def execute_many(
         self, calls: Sequence[tuple[Session, Any]], origins: Sequence[Origin | None] | None = None,
     ) -> list[dict[str, Any]]:
         """Apply calls in order, each against the state its predecessors left, then write each
         touched store once, durably, and journal every change. Replies are returned only after
-        the data and its journal records are on disk."""
+        the data and its journal records are on disk. Call `retire_displaced` after replying."""
         now = self.clock()
         parsed: list[tuple[Session, MemoryCall | dict[str, Any], Origin | None]] = []
         for index, (session, args) in enumerate(calls):
@@ -241,7 +247,7 @@ class Engine:
         with ExitStack() as locks:
             for target in targets:
                 state = self.stores[target]
-                locks.enter_context(store_lock(state.path))
+                locks.enter_context(state.lock)
                 events.extend(self._sync(state))  # never rewrite what we have not seen
             for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
                 failures = [session.failures for session, _, _ in parsed]
@@ -266,9 +272,7 @@ class Engine:
                     log.info("%s changed while being rewritten; applying the calls again", self.stores[target].path)
                     events.extend(self._sync(self.stores[target]))
             events.extend(changes)
-            for target, write in writes.items():
-                events.extend(self._commit(self.stores[target], write, pending[target].text or "", now))
-            self._record(events)
+            self._commit(writes, pending, events, now)
         self.counters.operations += len(calls)
         self._emit(events)
         return results
@@ -307,47 +311,75 @@ class Engine:
                 ))
         return results, events, pending
 
-    def _commit(self, state: StoreState, write: PreparedWrite, text: str, now: float) -> list[Event]:
-        displaced = write.publish_over(state.digest or digest_of(b""))
-        if displaced is not None:
-            self.displaced.append((state, displaced))
-        self._look_at_displaced(now)
-        raw = write.raw
-        self.counters.writes += 1
-        state.digest = digest_of(raw)
-        state.text = text
-        state.entries = tuple(parse_entries(text))
-        if state.drift and drift_reason(text, state.limit) is None:
-            state.drift = None
-            return [Event("drift_resolved", state.target, state.usage, time=now, action="drift_resolved")]
-        return []
+    def _commit(
+        self, writes: Mapping[str, PreparedWrite], pending: Mapping[str, Outcome], events: list[Event], now: float,
+    ) -> None:
+        """Put the prepared files in place, journal `events` (and any drift they resolve), and
+        return once both are durable.
+
+        The journal is written after the swap, so it never records a change a crash kept off
+        disk; the directory and the journal are then flushed together, sharing one wait.
+        """
+        swapped_out = []
+        for target, write in writes.items():
+            state = self.stores[target]
+            displaced = write.swap_in(state.digest or digest_of(b""))
+            if displaced is not None:
+                swapped_out.append((state, displaced))
+            outcome = pending[target]
+            self.counters.writes += 1
+            state.digest = digest_of(write.raw)
+            state.text = outcome.text or ""
+            state.entries = outcome.entries or ()
+            if state.drift and drift_reason(state.text, state.limit) is None:
+                state.drift = None
+                events.append(Event("drift_resolved", target, state.usage, time=now, action="drift_resolved"))
+        self.journal.append(self._drafts(events), durable=not writes)
+        if writes:
+            try:
+                fsync_together(self.memory_dir, self.journal.fd)
+            except OSError as error:
+                raise DurabilityError(f"could not durably write {self.memory_dir}: {error}") from error
+        for state, displaced in swapped_out:  # an editor's save in the instant before the swap
+            self._look_at(state, displaced)
+        self.displaced.extend(swapped_out)
 
     # -- changes from outside --------------------------------------------------------------
 
-    def _look_at_displaced(self, now: float) -> None:
-        """Back up whatever a program that ignores the lock wrote into a version of a store that
-        one of our writes swapped out: saved in the instant before the swap, or appended by a
-        program that still had the old file open. Each is watched for a second, the last few
-        until the next look."""
+    def retire_displaced(self) -> None:
+        """Stop watching displaced versions older than a second, beyond the eight newest, after
+        one last look (they are looked at on every `check_external` until then).
+
+        Letting go of one frees its blocks, which takes longer than most of a write (70 µs on
+        ext4), so the daemon does it after replying rather than before.
+        """
         kept = []
         for index, (state, displaced) in enumerate(self.displaced):
-            raw = displaced.look()
-            if raw is not None:
-                state.last_backup = str(write_backup(state.path, raw, now))
-                log.warning(
-                    "%s was changed outside memd as memd rewrote it; that version is saved in %s",
-                    state.path, state.last_backup,
-                )
             if time.monotonic() - displaced.since > 1.0 or index < len(self.displaced) - 8:
+                self._look_at(state, displaced)
                 displaced.close()
             else:
                 kept.append((state, displaced))
         self.displaced = kept
 
+    def _look_at(self, state: StoreState, displaced: Displaced) -> None:
+        """Back up whatever a program that ignores the lock wrote into a version of a store that
+        one of our writes swapped out: saved in the instant before the swap, or appended by a
+        program that still had the old file open."""
+        raw = displaced.look()
+        if raw is not None:
+            state.last_backup = str(write_backup(state.path, raw, self.clock()))
+            log.warning(
+                "%s was changed outside memd as memd rewrote it; that version is saved in %s",
+                state.path, state.last_backup,
+            )
+
     def check_external(self, targets: Iterable[str] = TARGETS) -> list[Event]:
         """Look at the files now (a watch event or the periodic rescan) and take in any change
         made outside this engine. Reading needs no lock: stores are replaced atomically."""
-        self._look_at_displaced(self.clock())
+        for state, displaced in self.displaced:
+            self._look_at(state, displaced)
+        self.retire_displaced()
         events: list[Event] = []
         for target in targets:
             events.extend(self._sync(self.stores[target]))
@@ -426,8 +458,12 @@ class Engine:
         )]
 
     def _record(self, events: Sequence[Event]) -> None:
-        """Journal events durably (drafts are numbered by the journal)."""
-        drafts = [
+        """Journal events durably."""
+        self.journal.append(self._drafts(events))
+
+    def _drafts(self, events: Sequence[Event]) -> list[Record]:
+        """Journal records of `events`, to be numbered by the journal."""
+        return [
             Record(
                 seq=0, time=event.time, profile=self.profile, target=event.target, session=event.session,
                 action=event.action or event.kind, usage=event.usage, after=list(event.after),
@@ -436,7 +472,6 @@ class Engine:
             )
             for event in events
         ]
-        self.journal.append(drafts)
 
     def _emit(self, events: Sequence[Event]) -> None:
         if events:
@@ -530,6 +565,16 @@ class Engine:
         session = Session(self, name, self.clock())
         args = {"target": target, "operations": operations, "dry_run": dry_run}
         return self.execute_many([(session, args)], [origin])[0]
+
+    def close(self) -> None:
+        """Let go of the files the engine keeps open. Sessions stay readable; writes reopen."""
+        for state, displaced in self.displaced:
+            self._look_at(state, displaced)
+            displaced.close()
+        self.displaced = []
+        for state in self.stores.values():
+            state.lock.close()
+        self.journal.close()
 
     # -- observability ---------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ the window are dropped by rewriting the file, never the window itself.
 
 from __future__ import annotations
 
-import contextlib
+import io
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -17,12 +17,16 @@ from pathlib import Path
 import msgspec
 
 from memd.core.history import Record
-from memd.disk import DurabilityError, fsync_directory, store_lock, write_durably
+from memd.disk import DurabilityError, StoreLock, fsync_directory, write_durably
 
 log = logging.getLogger("memd.journal")
 DAY = 86400.0
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Record)
+
+
+def _owner_only(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
 
 
 class Journal:
@@ -33,6 +37,8 @@ class Journal:
         self.last_seq = 0
         self.last_after: dict[str, list[str]] = {}
         self.offset = 0  # bytes of the file already taken into account
+        self._file: io.FileIO | None = None  # kept open: appends are on every write's critical path
+        self.lock = StoreLock(path)
         self._repair_tail()
         self.catch_up()
 
@@ -40,16 +46,13 @@ class Journal:
         """The entries the journal last recorded for `target`, or None if it never did."""
         return self.last_after.get(target)
 
-    def _lock(self) -> contextlib.AbstractContextManager[None]:
-        return store_lock(self.path)
-
     def _repair_tail(self) -> None:
         """Cut a record that a crash left half-written; everything before it is intact."""
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
             return
-        with self._lock(), open(self.path, "r+b") as handle:
+        with self.lock, open(self.path, "r+b") as handle:
             cut = size
             while cut > 0:  # find the last newline, reading backwards in blocks
                 start = max(0, cut - 65536)
@@ -99,12 +102,43 @@ class Journal:
         if record.action not in ("drift_resolved", "unreadable"):
             self.last_after[record.target] = list(record.after)
 
-    def append(self, drafts: Sequence[Record]) -> list[Record]:
-        """Number the drafts after the last record and append them durably."""
+    @property
+    def fd(self) -> int:
+        """The descriptor appends go through, for a caller that flushes it itself."""
+        if self._file is None:
+            raise RuntimeError("the journal has not been appended to yet")
+        return self._file.fileno()
+
+    def _open_current(self) -> os.stat_result:
+        """Keep the descriptor on the file now at `path`: another engine on this home may have
+        rotated it (a new file) since our last append. Call with the lock held."""
+        if self._file is not None:
+            try:
+                current = os.stat(self.path)
+            except FileNotFoundError:
+                current = None
+            held = os.fstat(self._file.fileno())
+            if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+                return held
+            self._close_file()
+            self.offset = 0  # a new file: read it again from its start
+        created = not self.path.exists()
+        self._file = open(self.path, "ab", buffering=0, opener=_owner_only)  # noqa: SIM115 - kept open
+        if created:
+            fsync_directory(self.path.parent)
+        return os.fstat(self._file.fileno())
+
+    def append(self, drafts: Sequence[Record], *, durable: bool = True) -> list[Record]:
+        """Number the drafts after the last record and append them; durably unless the caller
+        will fsync `fd` itself before it acknowledges anything."""
         if not drafts:
             return []
-        with self._lock():
-            self.catch_up()
+        with self.lock:
+            try:
+                if self._open_current().st_size > self.offset:
+                    self.catch_up()
+            except OSError as error:
+                raise DurabilityError(f"could not open the journal {self.path}: {error}") from error
             # A change seen from outside that another engine on this home already journaled
             # (embedded mode: several processes) is not recorded twice.
             fresh = [d for d in drafts if not (d.action == "external" and self.last_after.get(d.target) == d.after)]
@@ -112,23 +146,27 @@ class Journal:
                 return []
             numbered = [msgspec.structs.replace(draft, seq=self.last_seq + index) for index, draft in enumerate(fresh, 1)]
             payload = b"".join(_encoder.encode(record) + b"\n" for record in numbered)
-            created = not self.path.exists()
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
             try:
                 written = 0
                 while written < len(payload):
-                    written += os.write(fd, payload[written:])
-                os.fsync(fd)
+                    written += os.write(self.fd, payload[written:])
+                if durable:
+                    os.fsync(self.fd)
             except OSError as error:
                 raise DurabilityError(f"could not durably append to the journal {self.path}: {error}") from error
-            finally:
-                os.close(fd)
-            if created:
-                fsync_directory(self.path.parent)
             for record in numbered:
                 self._note(record)
             self.offset += len(payload)
         return numbered
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def close(self) -> None:
+        self._close_file()
+        self.lock.close()
 
     def records(self) -> Iterator[Record]:
         """Every record, oldest first, read from the file."""
@@ -142,17 +180,19 @@ class Journal:
         """Drop records older than the window; returns how many were dropped.
 
         The latest record of each store is always kept, whatever its age, so the present state
-        can still be read from the journal.
+        can still be read from the journal; so is the newest record, so no number is reused.
         """
-        with self._lock():
+        with self.lock:
             self.catch_up()
             records = list(self.records())
             horizon = now - self.window
             latest = {record.target: record.seq for record in records if record.action not in ("drift_resolved", "unreadable")}
-            kept = [r for r in records if r.time >= horizon or latest.get(r.target) == r.seq]
+            newest = records[-1].seq if records else 0  # kept too, so that no number is given twice
+            kept = [r for r in records if r.time >= horizon or latest.get(r.target) == r.seq or r.seq == newest]
             dropped = len(records) - len(kept)
             if dropped:
                 write_durably(self.path, "".join(_encoder.encode(record).decode("utf-8") + "\n" for record in kept))
                 os.chmod(self.path, 0o600)
+                self._close_file()  # appends go to the new file
                 self.offset = self.path.stat().st_size
         return dropped

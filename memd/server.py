@@ -30,7 +30,7 @@ from memd.disk import DurabilityError
 from memd.engine import Engine, Event, Session
 from memd.keys import CurveKeys
 from memd.systemd import Notifier
-from memd.watch import StoreWatch
+from memd.watch import StoreWatch, WatchError, make_watch
 from memd_client import protocol as wire
 
 log = logging.getLogger("memd.server")
@@ -46,7 +46,7 @@ REPLY_CACHE_BYTES = 16 * 1024 * 1024
 # Refusals quote what they refuse; a quote of a megabyte of client text helps nobody.
 MAX_MESSAGE_CHARS = 2000
 MAX_SESSIONS_PER_PROFILE = 10_000
-# Each profile served costs an engine and a file watch (a thread), kept for the daemon's life, so
+# Each profile served costs an engine and a directory watch, kept for the daemon's life, so
 # requests naming more profiles than a person has are refused rather than allowed to add up.
 MAX_PROFILES = 64
 
@@ -94,7 +94,7 @@ class Daemon:
         self.context = zmq.Context()
         self.router: zmq.Socket | None = None
         self.publisher: zmq.Socket | None = None
-        self.watch = StoreWatch()
+        self.watch: StoreWatch | None = None
         self.lock = DaemonLock(self.home)
         self.keys: CurveKeys | None = None
 
@@ -103,6 +103,7 @@ class Daemon:
     def start(self) -> None:
         """Take the home, load the stores, bind; raises with a clear message when it cannot."""
         self.lock.acquire(self.endpoint)  # before the endpoint is touched: never steal a socket
+        self.watch = make_watch()
         self.engine_for(None)
         self._bind()
         self.watch.start()
@@ -151,7 +152,10 @@ class Daemon:
 
     def close(self) -> None:
         self.notifier.stopping()
-        self.watch.stop()
+        if self.watch is not None:
+            self.watch.stop()
+        for engine in self.engines.values():
+            engine.close()
         for sock in (self.router, self.publisher):
             if sock is not None:
                 sock.close()
@@ -169,10 +173,10 @@ class Daemon:
     # -- the loop ---------------------------------------------------------------------------
 
     def serve_forever(self) -> None:
-        assert self.router is not None
+        assert self.router is not None and self.watch is not None
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
-        poller.register(self.watch.wake_read, zmq.POLLIN)
+        poller.register(self.watch.wake_fd, zmq.POLLIN)
         self.notifier.ready(self.status_line())
         next_rescan = time.monotonic() + self.settings.rescan_seconds
         next_ping = time.monotonic()
@@ -184,12 +188,16 @@ class Daemon:
             now = time.monotonic()
             wake = min(next_rescan, next_ping if self.notifier.watchdog_interval else next_rescan)
             ready = dict(poller.poll(timeout=max(0.0, min(wake - now, 0.2)) * 1000))
-            if self.watch.wake_read in ready:
-                self._check_changed(self.watch.drain())
+            # Requests first: the events of the writes just made are read after their replies.
             if self.router in ready:
                 self._serve_ready()
+                for engine in self.engines.values():
+                    engine.retire_displaced()
+            if self.watch.wake_fd in ready:
+                self._check_changed(self.watch.drain())
             now = time.monotonic()
             if now >= next_rescan:
+                self.watch.revive()
                 self._check_changed({(key, target) for key in self.engines for target in TARGETS})
                 next_rescan = now + self.settings.rescan_seconds
             if self.notifier.watchdog_interval and now >= next_ping:
@@ -401,7 +409,8 @@ class Daemon:
         except OSError as error:
             raise Refused(f"profile {profile!r} cannot be opened: {error}") from None
         self.engines[profile] = engine
-        self.watch.add(profile, engine.memory_dir)
+        if self.watch is not None:
+            self.watch.add(profile, engine.memory_dir)
         return engine
 
     def open_session(self, name: str, profile: str | None) -> dict[str, Any]:
@@ -531,7 +540,7 @@ def serve(settings: Settings, endpoint: str) -> int:
     daemon = Daemon(settings, endpoint)
     try:
         daemon.start()
-    except (AlreadyRunning, Refused, ConfigError, OSError, zmq.ZMQError) as error:
+    except (AlreadyRunning, Refused, ConfigError, WatchError, OSError, zmq.ZMQError) as error:
         log.error("memd cannot start: %s", error)
         daemon.lock.release()
         return 1

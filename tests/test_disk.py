@@ -14,6 +14,7 @@ from memd.disk import (
     DurabilityError,
     latest_backup,
     lock_path_for,
+    StoreLock,
     read_store,
     store_lock,
     write_backup,
@@ -153,8 +154,8 @@ def test_the_engine_refuses_a_home_whose_lock_file_is_a_symlink(tmp_path):
     assert (home / "memories" / "MEMORY.md").read_text(encoding="utf-8") == "Uses vim."
 
 
-def test_while_memd_holds_the_lock_another_process_cannot_take_it(tmp_path):
-    store = tmp_path / "MEMORY.md"
+def taken_elsewhere(store) -> bool:
+    """Whether another process, opening the lock file by its path as Hermes does, finds it taken."""
     probe = textwrap.dedent(f"""
         import fcntl, os, sys
         fd = os.open({str(lock_path_for(store))!r}, os.O_RDWR)
@@ -164,9 +165,14 @@ def test_while_memd_holds_the_lock_another_process_cannot_take_it(tmp_path):
             sys.exit(3)
         sys.exit(0)
     """)
+    return subprocess.run([sys.executable, "-c", probe], check=False).returncode == 3
+
+
+def test_while_memd_holds_the_lock_another_process_cannot_take_it(tmp_path):
+    store = tmp_path / "MEMORY.md"
     with store_lock(store):
-        assert subprocess.run([sys.executable, "-c", probe], check=False).returncode == 3
-    assert subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
+        assert taken_elsewhere(store)
+    assert not taken_elsewhere(store)
 
 
 # -- backups ----------------------------------------------------------------------------------------
@@ -205,3 +211,23 @@ def test_latest_backup_picks_the_newest_and_ignores_other_files(tmp_path):
     (tmp_path / "MEMORY.md.bak.notes").write_text("x")
     write_backup(tmp_path / "USER.md", b"u", 1_800_000_000)
     assert latest_backup(store) == tmp_path / "MEMORY.md.bak.1700000500"
+
+
+def test_a_kept_lock_still_excludes_others_after_its_file_was_deleted_or_replaced(tmp_path):
+    # The engine keeps its lock files open between writes; Hermes opens the path every time.
+    store = tmp_path / "MEMORY.md"
+    lock = StoreLock(store)
+    try:
+        with lock:
+            pass
+        lock_path_for(store).unlink()
+        with lock:
+            assert taken_elsewhere(store)
+        replacement = tmp_path / "other.lock"
+        replacement.write_text("")
+        os.replace(replacement, lock_path_for(store))
+        with lock:
+            assert taken_elsewhere(store)
+        assert not taken_elsewhere(store)
+    finally:
+        lock.close()

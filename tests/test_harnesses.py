@@ -101,7 +101,7 @@ def test_an_editor_save_in_the_instant_before_the_rename_is_kept_in_a_backup(tmp
     engine = Engine(tmp_path)
     session = engine.open_session("test")
     session.memory(action="add", content="first fact")
-    real_publish = PreparedWrite.publish_over
+    real_publish = PreparedWrite.swap_in
 
     def editor_saves_first(self: PreparedWrite, expected_digest: str):  # type: ignore[no-untyped-def]
         saved = self.path.with_name(".editor.swp")
@@ -109,7 +109,7 @@ def test_an_editor_save_in_the_instant_before_the_rename_is_kept_in_a_backup(tmp
         os.replace(saved, self.path)
         return real_publish(self, expected_digest)
 
-    monkeypatch.setattr(PreparedWrite, "publish_over", editor_saves_first)
+    monkeypatch.setattr(PreparedWrite, "swap_in", editor_saves_first)
     assert session.memory(action="add", content="second fact")["code"] == "ok"
     assert any(b"saved by an editor" in backup for backup in backups_of(engine))
 
@@ -120,14 +120,14 @@ def test_an_append_into_the_file_a_rewrite_displaced_is_kept_in_a_backup(tmp_pat
     engine = Engine(tmp_path)
     session = engine.open_session("test")
     session.memory(action="add", content="first fact")
-    real_publish = PreparedWrite.publish_over
+    real_publish = PreparedWrite.swap_in
     slow_shell = []
 
     def shell_opens_first(self: PreparedWrite, expected_digest: str):  # type: ignore[no-untyped-def]
         slow_shell.append(open(self.path, "ab"))  # noqa: SIM115 - written to after the swap
         return real_publish(self, expected_digest)
 
-    monkeypatch.setattr(PreparedWrite, "publish_over", shell_opens_first)
+    monkeypatch.setattr(PreparedWrite, "swap_in", shell_opens_first)
     assert session.memory(action="add", content="second fact")["code"] == "ok"
     with slow_shell[0] as shell:
         shell.write(b"\n\xc2\xa7\nappended through the old file")
@@ -207,5 +207,3 @@ def test_the_reply_cache_is_bounded_in_bytes_and_refusals_do_not_quote_megabytes
     finally:
         daemon.router = None
         daemon.context.term()
-        os.close(daemon.watch.wake_read)
-        os.close(daemon.watch.wake_write)

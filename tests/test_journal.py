@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from memd.core.format import parse_entries
+from memd.core.history import Record
+from memd.journal import Journal
 from memd.testing import DaemonProcess
 from memd_client import Client, DaemonUnavailable
 
@@ -357,3 +359,31 @@ def test_cli_log_filters_show_provenance_and_restore(daemon: DaemonProcess) -> N
         assert client.entries("memory") == ["Uses Postgres 16"]
     assert memd("restore", "memory", "--at", "not a time").returncode == 2
     assert memd("undo", "2").returncode == 1  # the entry it wrote is gone since the restore: refused
+
+
+def test_appends_follow_the_file_when_another_engine_rotates_it(tmp_path: Path) -> None:
+    # Engines keep the journal open between appends; an embedded engine starting on the same home
+    # may rotate it (a new file) meanwhile.
+    path = tmp_path / "journal.jsonl"
+    old = time.time() - 90 * 86400
+    first = Journal(path)
+    first.append([Record(seq=0, time=old, target="memory", action="add", after=["a"])])
+    first.append([Record(seq=0, time=old, target="memory", action="add", after=["a", "b"])])
+    assert Journal(path, window_days=30).rotate(time.time()) == 1  # another engine, at its start
+    [appended] = first.append([Record(seq=0, time=time.time(), target="memory", action="add", after=["a", "b", "c"])])
+    assert appended.seq == 3
+    assert [(record.seq, record.after) for record in Journal(path).records()] == [(2, ["a", "b"]), (3, ["a", "b", "c"])]
+
+
+def test_rotation_never_drops_the_highest_number(tmp_path: Path) -> None:
+    # Numbers must never be given twice, so the newest record stays even when it is not the
+    # latest state of a store (a drift_resolved).
+    path = tmp_path / "journal.jsonl"
+    old = time.time() - 90 * 86400
+    journal = Journal(path)
+    journal.append([
+        Record(seq=0, time=old, target="memory", action="add", after=["a"]),
+        Record(seq=0, time=old + 1, target="memory", action="drift_resolved"),
+    ])
+    Journal(path).rotate(time.time())
+    assert Journal(path).append([Record(seq=0, time=time.time(), target="memory", action="add", after=["a", "b"])])[0].seq == 3

@@ -1,6 +1,7 @@
-"""Timing of memd.core.scan.scan: an ordinary 2,200-character entry, hostile 100,000-character
-inputs, and, measured in the same run on the same entry, a baseline of ~30 independent regexes
-searched one after another (the way a Hermes-style scanner works). Prints figures only.
+"""Timing of memd.core.scan.scan: ordinary 2,200-character entries, one-line notes, hostile
+100,000-character inputs, and, measured in the same run on the same entry, a baseline of ~30
+independent regexes searched one after another (the way a Hermes-style scanner works). Prints
+figures only.
 
 Run from the repository root: python scripts/bench_scan.py
 """
@@ -60,6 +61,14 @@ PROSE_ENTRY = (
     "cooks on weekends, and asks for recipes that take less than half an hour. "
 )
 ENTRY_LENGTH = 2_200
+# One-line notes, the size most entries are: each is timed on its own and the medians averaged.
+SHORT_ENTRIES = (
+    "Project uses pytest with -x; run `make lint` before every commit.",
+    "User prefers concise answers in British English, command first.",
+    "Staging is https://staging.example.com; deploy with `make deploy ENV=staging`.",
+    "部署在 k8s 集群上，用 helm 管理；发布前先跑 make test。",
+    "The GITHUB_TOKEN comes from the workflow; locally use `gh auth login`.",
+)
 
 ADVERSARIAL = {
     '"a" * 100,000': "a" * 100_000,
@@ -139,6 +148,11 @@ def main() -> None:
         print(f"Ordinary {name}, {len(entry):,} characters (findings: {findings}):")
         report("scan()", timings(scan, entry, 3_000), 1e-6, "µs")
         report(f"baseline, {len(BASELINE)} regexes in turn", timings(baseline_scan, entry, 3_000), 1e-6, "µs")
+    print(f"Ordinary one-line notes ({len(SHORT_ENTRIES)} of {min(map(len, SHORT_ENTRIES))}"
+          f"-{max(map(len, SHORT_ENTRIES))} characters, findings: "
+          f"{sum(bool(scan(entry)) for entry in SHORT_ENTRIES)}):")
+    for entry in SHORT_ENTRIES:
+        report(repr(entry[:28]) + "...", timings(scan, entry, 10_000), 1e-6, "µs")
     print("Hostile 100,000-character inputs:")
     for label, text in ADVERSARIAL.items():
         report(f"{label} ({len(text):,} chars)", timings(scan, text, 30), 1e-3, "ms")

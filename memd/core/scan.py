@@ -22,7 +22,7 @@ import binascii
 import re
 import unicodedata
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, KeysView, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -215,15 +215,14 @@ class _Term:
     text: str
     left: bool  # must start at a word boundary
     right: bool  # must end at a word boundary
-    gate: str  # present in the text whenever the term is (for terms without a key word)
     words: frozenset[str]  # its complete words, all of which a text holding it holds
 
 
-_TERM_POOL: dict[tuple[str, bool, bool, str], _Term] = {}
+_TERM_POOL: dict[tuple[str, bool, bool], _Term] = {}
 
 
-def _term(text: str, left: bool, right: bool, gate: str, words: frozenset[str]) -> _Term:
-    return _TERM_POOL.setdefault((text, left, right, gate), _Term(text, left, right, gate, words))
+def _term(text: str, left: bool, right: bool, words: frozenset[str]) -> _Term:
+    return _TERM_POOL.setdefault((text, left, right), _Term(text, left, right, words))
 
 
 _LEXICONS: list[_Lexicon] = []
@@ -236,12 +235,13 @@ class _Lexicon:
     stem), a leading "*" lets it start inside one; "{a,b}" expands to alternatives.
     """
 
-    __slots__ = ("ascii_probes", "by_prefix", "by_word", "probes")
+    __slots__ = ("by_gate", "by_prefix", "by_word")
 
     def __init__(self, spec: str) -> None:
         self.by_word: dict[str, list[_Term]] = {}
         self.by_prefix: dict[str, list[_Term]] = {}
-        self.probes: list[_Term] = []
+        # Terms with neither a whole word nor a long enough first word: found by a substring.
+        self.by_gate: dict[str, list[_Term]] = {}
         for raw in spec.split("|"):
             raw = " ".join(raw.split())
             if "*" in raw.strip("*"):
@@ -249,7 +249,6 @@ class _Lexicon:
             if raw:
                 for variant in _expand(raw):
                     self._index(variant)
-        self.ascii_probes = [term for term in self.probes if term.text.isascii()]
         # Every lexicon joins one index (built as the module loads), so that a view finds the
         # keys of all lexicons with a single set intersection.
         _LEXICONS.append(self)
@@ -260,14 +259,14 @@ class _Lexicon:
         left_bound, right_bound = left and _is_word_char(text[0]), right and _is_word_char(text[-1])
         if any(char >= _DENSE_SCRIPT for char in text):
             first_dense = next(char for char in text if char >= _DENSE_SCRIPT)
-            self.probes.append(_term(text, left_bound, right_bound, first_dense, frozenset()))
+            self.by_gate.setdefault(first_dense, []).append(_term(text, left_bound, right_bound, frozenset()))
             return
         tokens = text.translate(_SEPARATORS).split()
         # A "*" end cuts its word short, unless the term ends in punctuation there ("*_key").
         partial_first = not left and _is_word_char(text[0])
         partial_last = not right and _is_word_char(text[-1])
         whole = tokens[(1 if partial_first else 0): (-1 if partial_last else None)]
-        term = _term(text, left_bound, right_bound, text, frozenset(whole))
+        term = _term(text, left_bound, right_bound, frozenset(whole))
         if whole:
             # The key should be a word ordinary notes rarely contain, so the term is rarely located.
             rare = [word for word in whole if word not in _COMMON_WORDS] or whole
@@ -275,7 +274,7 @@ class _Lexicon:
         elif not partial_first and tokens and len(tokens[0]) >= _PREFIX_LENGTH:
             self.by_prefix.setdefault(tokens[0][:_PREFIX_LENGTH], []).append(term)
         else:
-            self.probes.append(term)
+            self.by_gate.setdefault(text, []).append(term)
 
 
 # Words too frequent in ordinary notes to index a longer term by.
@@ -345,14 +344,13 @@ class _View:
     are, computed once and on demand."""
 
     __slots__ = (
-        "_chars",
         "_clause_questions",
         "_found",
-        "_keyed",
         "_spans",
         "_stops",
         "_terms",
         "_windows",
+        "lexicons",
         "send_verbs",
         "text",
         "words",
@@ -362,8 +360,11 @@ class _View:
         self.text = text
         words = text.translate(_SEPARATORS).split() if text.isascii() else _WORD.findall(text)
         self.words = set(words)
-        self._keyed = _keyed_terms(self.words)
-        self._terms: dict[_Lexicon, list[_Term]] = {}
+        # Every lexicon's present terms at once: most rules ask about lexicons the text lacks,
+        # and then a dictionary lookup answers.
+        self._terms = _present_terms(text, self.words)
+        # The lexicons with present terms: what a rule's needs are compared with.
+        self.lexicons: KeysView[_Lexicon] = self._terms.keys()
         self._found: dict[_Term, list[Span]] = {}
         self._spans: dict[_Lexicon, list[Span]] = {}
         self._windows: dict[_Lexicon, int] = {}
@@ -371,37 +372,25 @@ class _View:
         self._clause_questions = 0
         # The affirmed send verbs, shared by the URL and e-mail exfiltration rules.
         self.send_verbs: list[Span] | None = None
-        self._chars: set[str] | None = None
 
-    def terms(self, lexicon: _Lexicon) -> list[_Term]:
+    def terms(self, lexicon: _Lexicon) -> Sequence[_Term]:
         """The lexicon's terms whose key word, prefix or gate the text holds."""
-        found = self._terms.get(lexicon)
-        if found is None:
-            text = self.text
-            # A phrase's key word being present is not enough: all its words must be.
-            found = [term for term in self._keyed.get(lexicon, ()) if term.words <= self.words]
-            if text.isascii():
-                found += [term for term in lexicon.ascii_probes if term.gate in text]
-            elif lexicon.probes:
-                # Chinese, Japanese and Korean terms are gated by their first character: one
-                # set of the text's characters answers all of them.
-                if self._chars is None:
-                    self._chars = set(text)
-                chars = self._chars
-                found += [term for term in lexicon.probes
-                          if (term.gate in chars if len(term.gate) == 1 else term.gate in text)]
-            self._terms[lexicon] = found
-        return found
+        return self._terms.get(lexicon, ())
 
     def may_have(self, lexicon: _Lexicon) -> bool:
         """A cheap test that spares locating anything when a rule cannot fire anyway."""
-        return bool(self.terms(lexicon))
+        return lexicon in self._terms
 
     def spans(self, lexicon: _Lexicon) -> list[Span]:
         """Every match of the lexicon, in order."""
         found = self._spans.get(lexicon)
         if found is None:
-            found = sorted(span for term in self.terms(lexicon) for span in self._occurrences(term))
+            terms = self._terms.get(lexicon)
+            if terms is None:
+                return []
+            # One term's occurrences are in order already (and most lexicons have one present).
+            found = self._occurrences(terms[0]) if len(terms) == 1 else sorted(
+                [span for term in terms for span in self._occurrences(term)])
             self._spans[lexicon] = found
         return found
 
@@ -418,17 +407,19 @@ class _View:
         """The matches starting from low to high: searched in that window only (most
         lexicons are only ever needed near an anchor), unless asked about too often."""
         low = max(0, low)
-        if lexicon not in self._spans:
+        spans = self._spans.get(lexicon)
+        if spans is None:
+            terms = self._terms.get(lexicon)
+            if terms is None:
+                return []
             # Each window costs a search per present term: a lexicon with many present terms,
             # or asked about often, is cheaper to locate in the whole text once.
-            asked = self._windows.get(lexicon, 0) + len(self.terms(lexicon))
+            asked = self._windows.get(lexicon, 0) + len(terms)
             self._windows[lexicon] = asked
             if asked <= _WINDOW_SEARCHES_BEFORE_LOCATING:
-                return sorted(
-                    span for term in self.terms(lexicon)
-                    for span in _occurrences(self.text, term, low, high + len(term.text))
-                )
-        spans = self.spans(lexicon)
+                return sorted([span for term in terms
+                               for span in _occurrences(self.text, term, low, high + len(term.text))])
+            spans = self.spans(lexicon)
         index = bisect_left(spans, (low, -1))
         found = []
         while index < len(spans) and spans[index][0] <= high:
@@ -451,15 +442,25 @@ class _View:
         return index == len(self._stops) or self._stops[index] >= high
 
 
-def _keyed_terms(words: set[str]) -> dict[_Lexicon, list[_Term]]:
-    """For each lexicon, its terms whose key word or key prefix is among the words."""
+def _present_terms(text: str, words: set[str]) -> dict[_Lexicon, list[_Term]]:
+    """For each lexicon with any, its terms whose key word, key prefix or gate the text holds
+    (and, for a phrase, all of whose words it holds)."""
+    keys = [
+        *map(_BY_WORD.__getitem__, _WORD_KEYS & words),
+        *map(_BY_PREFIX.__getitem__, _PREFIX_KEYS.intersection(map(_PREFIX, words))),
+        # (A gate's first character is searched first: a two-character search is much slower.)
+        *(_BY_GATE[gate] for gate in _ASCII_GATES if gate[0] in text and gate in text),
+    ]
+    if not text.isascii() and max(text) >= _DENSE_SCRIPT:
+        # Chinese, Japanese and Korean terms are gated by their first character: the text's
+        # characters answer all of them.
+        keys += map(_BY_GATE.__getitem__, _DENSE_GATES.intersection(text))
     found: dict[_Lexicon, list[_Term]] = {}
-    for key in _WORD_KEYS & words:
-        for lexicon, terms in _BY_WORD[key]:
-            found.setdefault(lexicon, []).extend(terms)
-    for key in _PREFIX_KEYS & set(map(_PREFIX, words)):
-        for lexicon, terms in _BY_PREFIX[key]:
-            found.setdefault(lexicon, []).extend(terms)
+    for entries in keys:
+        for lexicon, needs, terms in entries:
+            # A phrase's key word being present is not enough: all its words must be.
+            if not needs or needs <= words:
+                found.setdefault(lexicon, []).extend(terms)
     return found
 
 
@@ -493,38 +494,49 @@ def _hit(view: _View, lexicon: _Lexicon, low: int, high: int, clause_of: int, ac
     )
 
 
-def _together(
-    view: _View,
-    anchor: _Lexicon,
-    others: tuple[tuple[_Lexicon, int, int], ...],
-    guard: Guard | None = None,
-) -> bool:
-    """Whether some match of the anchor lexicon has every other lexicon near it. The other
-    lexicons are checked for presence first: most entries stop there."""
-    if not view.may_have(anchor) or not all(view.may_have(lexicon) for lexicon, _, _ in others):
+class _Rule:
+    """One way a finding is made: a test of a view, and the lexicons the test cannot pass
+    without. Those are known as the module loads, so a view lacking one skips the rule with
+    a single set comparison: most rules stop there for most entries."""
+
+    __slots__ = ("needs", "test")
+
+    def __init__(self, test: Callable[[_View], bool], *needs: _Lexicon) -> None:
+        self.test = test
+        self.needs = frozenset(needs)
+
+
+def _together(anchor: _Lexicon, others: tuple[tuple[_Lexicon, int, int], ...], guard: Guard | None = None) -> _Rule:
+    """A rule: some match of the anchor lexicon (accepted by the guard) has every other lexicon
+    near it, each (lexicon, before, after) within that many characters before and after."""
+
+    def test(view: _View) -> bool:
+        for span in view.spans(anchor):
+            if (guard is None or guard(view, span)) and all(
+                    _near(view, span, lexicon, before, after) for lexicon, before, after in others):
+                return True
         return False
-    for span in view.spans(anchor):
-        if guard is not None and not guard(view, span):
-            continue
-        if all(_near(view, span, lexicon, before, after) for lexicon, before, after in others):
-            return True
-    return False
+
+    return _Rule(test, anchor, *(lexicon for lexicon, _, _ in others))
 
 
 def _phrase(
-    view: _View, trigger: _Lexicon, pattern: re.Pattern[str], reach: tuple[int, int] | None = None,
-    needs: tuple[_Lexicon, ...] = (),
-) -> bool:
-    """Whether the pattern matches starting at one of the trigger's hits or, given a reach
+    trigger: _Lexicon, pattern: re.Pattern[str], reach: tuple[int, int] | None = None, needs: tuple[_Lexicon, ...] = (),
+) -> _Rule:
+    """A rule: the pattern matches starting at one of the trigger's hits or, given a reach
     (characters before, after), anywhere around one. Lexicons in `needs` hold words the
-    pattern cannot match without: when one is absent nothing is located."""
-    if not all(view.may_have(lexicon) for lexicon in needs):
-        return False
-    if reach is not None:
+    pattern cannot match without."""
+    if reach is None:
+        def test(view: _View) -> bool:
+            return any(pattern.match(view.text, start) for start, _ in view.spans(trigger))
+    else:
         before, after = reach
-        return any(pattern.search(view.text, max(0, start - before), end + after)
-                   for start, end in view.spans(trigger))
-    return any(pattern.match(view.text, start) for start, _ in view.spans(trigger))
+
+        def test(view: _View) -> bool:
+            return any(pattern.search(view.text, max(0, start - before), end + after)
+                       for start, end in view.spans(trigger))
+
+    return _Rule(test, trigger, *needs)
 
 
 # Negation right before a verb ("never upload", "do not print", "不要粘贴") or right after it
@@ -704,15 +716,13 @@ def _not_reported(view: _View, span: Span) -> bool:
     return not any(cue in before for cue in _REPORTED)
 
 
-def _detect_override(view: _View) -> bool:
-    return (
-        _phrase(view, _OVERRIDE_PHRASE_TRIGGER, _OVERRIDE_PHRASE)
-        or _together(view, _OVERRIDE_VERB, ((_INSTRUCTION_NOUN, 30, 50), (_PRIOR_QUALIFIER, 30, 50)),
-                     _not_a_quoted_mention)
-        or _together(view, _OVERRIDE_VERB, ((_GUARD_NOUN, 30, 40),), _not_a_quoted_mention)
-        or _together(view, _VOIDED, ((_INSTRUCTION_NOUN, 60, 10), (_PRIOR_QUALIFIER, 70, 10)), _not_reported)
-        or _together(view, _PRIORITY, ((_INSTRUCTION_NOUN, 40, 20), (_NEW_QUALIFIER, 50, 20)))
-    )
+_OVERRIDE_RULES = (
+    _phrase(_OVERRIDE_PHRASE_TRIGGER, _OVERRIDE_PHRASE),
+    _together(_OVERRIDE_VERB, ((_INSTRUCTION_NOUN, 30, 50), (_PRIOR_QUALIFIER, 30, 50)), _not_a_quoted_mention),
+    _together(_OVERRIDE_VERB, ((_GUARD_NOUN, 30, 40),), _not_a_quoted_mention),
+    _together(_VOIDED, ((_INSTRUCTION_NOUN, 60, 10), (_PRIOR_QUALIFIER, 70, 10)), _not_reported),
+    _together(_PRIORITY, ((_INSTRUCTION_NOUN, 40, 20), (_NEW_QUALIFIER, 50, 20))),
+)
 
 
 # -- obeying outside sources, permission escalation ------------------------------------------
@@ -775,13 +785,11 @@ _APPROVAL_PHRASE = re.compile(
 )
 
 
-def _detect_obey_external(view: _View) -> bool:
-    return _together(view, _TRUST_VERB, ((_ORDERS, 30, 40), (_OUTSIDE_SOURCE, 30, 80)))
-
-
-def _detect_auto_approve(view: _View) -> bool:
-    return _phrase(view, _APPROVAL_PHRASE_TRIGGER, _APPROVAL_PHRASE, reach=(40, 40)) or _together(
-        view, _NO_CONFIRMATION, ((_ANY_SCOPE, 60, 30), (_ACTIONS, 60, 30)))
+_OBEY_EXTERNAL_RULES = (_together(_TRUST_VERB, ((_ORDERS, 30, 40), (_OUTSIDE_SOURCE, 30, 80))),)
+_AUTO_APPROVE_RULES = (
+    _phrase(_APPROVAL_PHRASE_TRIGGER, _APPROVAL_PHRASE, reach=(40, 40)),
+    _together(_NO_CONFIRMATION, ((_ANY_SCOPE, 60, 30), (_ACTIONS, 60, 30))),
+)
 
 
 # -- role and system impersonation -------------------------------------------------------------
@@ -850,9 +858,10 @@ _LINE_START_SYSTEM = re.compile(r"system(?: message)?\s*:")
 _LINE_LEAD = re.compile(r"(?:^|\n)\W{0,6}$")
 
 
-def _detect_role_hijack(view: _View) -> bool:
-    return _together(view, _ROLE_CUE, ((_UNRESTRICTED, 20, 90),)) or _together(
-        view, _ROLE_CUE, ((_LACKING, 20, 90), (_RESTRICTION_NOUN, 20, 110)))
+_ROLE_HIJACK_RULES = (
+    _together(_ROLE_CUE, ((_UNRESTRICTED, 20, 90),)),
+    _together(_ROLE_CUE, ((_LACKING, 20, 90), (_RESTRICTION_NOUN, 20, 110))),
+)
 
 
 def _bracketed(view: _View, span: Span, strong: bool = True) -> bool:
@@ -882,12 +891,13 @@ def _opens_line(view: _View, span: Span) -> bool:
             and (match[0].startswith("system message") or _DIRECTIVE_WORDS.match(view.text, match.end()) is not None))
 
 
-def _detect_fake_system(view: _View) -> bool:
-    return (
-        any(_bracketed(view, span) or _opens_line(view, span) for span in view.spans(_HEADER_ROLE))
-        or any(_bracketed(view, span, strong=False) for span in view.spans(_HEADER_WEAK_ROLE))
-        or _phrase(view, _HEADER_PHRASE_TRIGGER, _HEADER_PHRASE, reach=(3, 40))
-    )
+_FAKE_SYSTEM_RULES = (
+    _Rule(lambda view: any(_bracketed(view, span) or _opens_line(view, span) for span in view.spans(_HEADER_ROLE)),
+          _HEADER_ROLE),
+    _Rule(lambda view: any(_bracketed(view, span, strong=False) for span in view.spans(_HEADER_WEAK_ROLE)),
+          _HEADER_WEAK_ROLE),
+    _phrase(_HEADER_PHRASE_TRIGGER, _HEADER_PHRASE, reach=(3, 40)),
+)
 
 
 # -- exfiltration -------------------------------------------------------------------------------
@@ -1218,8 +1228,7 @@ def _reply_is_its_target(view: _View, verb: Span) -> bool:
     return False
 
 
-def _detect_prompt_leak(view: _View) -> bool:
-    return _together(view, _DISCLOSE_VERB, ((_PROMPT_OBJECT, 30, 50),), _discloses)
+_PROMPT_LEAK_RULES = (_together(_DISCLOSE_VERB, ((_PROMPT_OBJECT, 30, 50),), _discloses),)
 
 
 # -- remote code execution --------------------------------------------------------------------
@@ -1256,23 +1265,22 @@ _REVERSE_SHELL = re.compile(
 )
 
 
-def _detect_pipe_to_shell(view: _View) -> bool:
+def _fetch_piped_to_shell(view: _View) -> bool:
     for start, _ in view.spans(_FETCH):
         if view.text.find("|", start, start + 260) == -1:
             continue
         match = _FETCH_PIPE_SHELL.match(view.text, start)
         if match and _HOST_IN_COMMAND.search(match[1]):
             return True
-    return any(_SHELL_OF_FETCH.search(view.text, max(0, start - 24), end + 30)
-               for start, end in view.spans(_SHELL_OF_FETCH_TRIGGER))
+    return False
 
 
-def _detect_decode_to_shell(view: _View) -> bool:
-    return _phrase(view, _DECODE_TRIGGER, _DECODE_PIPE_SHELL)
-
-
-def _detect_reverse_shell(view: _View) -> bool:
-    return _phrase(view, _REVERSE_SHELL_TRIGGER, _REVERSE_SHELL, reach=(330, 330))
+_PIPE_TO_SHELL_RULES = (
+    _Rule(_fetch_piped_to_shell, _FETCH),
+    _phrase(_SHELL_OF_FETCH_TRIGGER, _SHELL_OF_FETCH, reach=(24, 30)),
+)
+_DECODE_TO_SHELL_RULES = (_phrase(_DECODE_TRIGGER, _DECODE_PIPE_SHELL),)
+_REVERSE_SHELL_RULES = (_phrase(_REVERSE_SHELL_TRIGGER, _REVERSE_SHELL, reach=(330, 330)),)
 
 
 # -- concealment -------------------------------------------------------------------------------
@@ -1349,14 +1357,13 @@ _CONCEAL_PURPOSE = re.compile(
 )
 
 
-def _detect_conceal(view: _View) -> bool:
-    return (
-        view.has(_CONCEAL_FIXED)
-        or any(_phrase(view, trigger, pattern, needs=needs) for trigger, needs, pattern in _CONCEAL_PHRASES)
-        or _phrase(view, _CONCEAL_PURPOSE_TRIGGER, _CONCEAL_PURPOSE, needs=(_USER, _HUSH_NEGATION))
-        or _phrase(view, _CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE)
-        or _together(view, _HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)))
-    )
+_CONCEAL_RULES = (
+    _Rule(lambda view: view.has(_CONCEAL_FIXED), _CONCEAL_FIXED),
+    *(_phrase(trigger, pattern, needs=needs) for trigger, needs, pattern in _CONCEAL_PHRASES),
+    _phrase(_CONCEAL_PURPOSE_TRIGGER, _CONCEAL_PURPOSE, needs=(_USER, _HUSH_NEGATION)),
+    _phrase(_CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE),
+    _together(_HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50))),
+)
 
 
 # -- configuration tampering and persistence ---------------------------------------------------
@@ -1413,20 +1420,10 @@ def _planted_payload(view: _View, span: Span) -> bool:
     return word not in ("curl", "wget") or _REMOTE_FETCH.match(view.text, span[0]) is not None
 
 
-def _detect_config_tamper(view: _View) -> bool:
-    return _together(view, _AGENT_CONFIG, ((_EDIT_VERB, 80, 40), (_TAMPER_PAYLOAD, 120, 140)))
-
-
-def _detect_persistence(view: _View) -> bool:
-    if not view.may_have(_PERSIST_TARGET):
-        return False
-    # The payloads are the rarer words, and "curl" is located for other rules anyway.
-    return any(_planted_payload(view, payload) and _near(view, payload, _PERSIST_TARGET, 140, 140)
-               for payload in view.spans(_PERSIST_PAYLOAD))
-
-
-def _detect_ssh_key_plant(view: _View) -> bool:
-    return _together(view, _AUTHORIZED_KEYS, ((_WRITE_VERB, 100, 40),), _not_negated)
+_CONFIG_TAMPER_RULES = (_together(_AGENT_CONFIG, ((_EDIT_VERB, 80, 40), (_TAMPER_PAYLOAD, 120, 140))),)
+# The payloads are the rarer words, and "curl" is located for other rules anyway.
+_PERSISTENCE_RULES = (_together(_PERSIST_PAYLOAD, ((_PERSIST_TARGET, 140, 140),), _planted_payload),)
+_SSH_KEY_PLANT_RULES = (_together(_AUTHORIZED_KEYS, ((_WRITE_VERB, 100, 40),), _not_negated),)
 
 
 # -- command and control -----------------------------------------------------------------------
@@ -1478,16 +1475,15 @@ _EXECUTE = _Lexicon("""
 """)
 
 
-def _detect_c2(view: _View) -> bool:
-    return (
-        _phrase(view, _BEACON_TRIGGER, _BEACON_PHRASE)
-        or _together(view, _C2_SERVER, ((_C2_ACTION, 100, 100),))
-        or _together(view, _C2_WORD, ((_C2_ACTION, 100, 100), (_TASKING, 100, 100)))
-        or _together(view, _BEACON_VERB, ((_TASKING, 40, 120), (_EXECUTE, 40, 160)))
-        or _together(view, _BEACON_VERB, ((_TASKING, 40, 120), (_URL, 20, 80)))
-        or _together(view, _BEACON_VERB, ((_EXECUTE, 40, 160), (_URL, 20, 80)))
-        or _together(view, _POLL, ((_TASKING, 40, 120), (_URL, 20, 80)))
-    )
+_C2_RULES = (
+    _phrase(_BEACON_TRIGGER, _BEACON_PHRASE),
+    _together(_C2_SERVER, ((_C2_ACTION, 100, 100),)),
+    _together(_C2_WORD, ((_C2_ACTION, 100, 100), (_TASKING, 100, 100))),
+    _together(_BEACON_VERB, ((_TASKING, 40, 120), (_EXECUTE, 40, 160))),
+    _together(_BEACON_VERB, ((_TASKING, 40, 120), (_URL, 20, 80))),
+    _together(_BEACON_VERB, ((_EXECUTE, 40, 160), (_URL, 20, 80))),
+    _together(_POLL, ((_TASKING, 40, 120), (_URL, 20, 80))),
+)
 
 
 # -- encoded instructions ---------------------------------------------------------------------
@@ -1550,19 +1546,19 @@ def _looks_like_secret(value: str) -> bool:
     return classes >= 2 and any(char.isdigit() or not char.isalnum() for char in value)
 
 
-def _hard_coded_secrets(clean: str, view: _View) -> set[Finding]:
-    """Secrets by shape. The view locates candidates; the un-folded text is where the shape is
+def _hard_coded_secrets(clean: str, view: _View) -> set[str]:
+    """Ids of the secrets found by shape. The view locates candidates; the un-folded text is where the shape is
     checked (at the same offsets when folding kept the length, else anywhere)."""
     aligned = len(view.text) == len(clean)
     found = set()
     for finding, trigger, shape in _SECRET_SHAPES:
         spans = view.spans(trigger)
         if spans and (any(shape.match(clean, start) for start, _ in spans) if aligned else shape.search(clean)):
-            found.add(finding)
+            found.add(finding.id)
     for start, end in view.spans(_PASSWORD_WORD):
         match = _PASSWORD_VALUE.match(clean, end) if aligned else _PASSWORD_VALUE.match(view.text, end)
         if match and _looks_like_secret(match[1].rstrip(".,;)")):
-            found.add(SECRET_PASSWORD)
+            found.add(SECRET_PASSWORD.id)
             break
     return found
 
@@ -1634,57 +1630,74 @@ def _runs_around(clean: str, starts: list[int]) -> list[str]:
 
 # -- putting it together -----------------------------------------------------------------------
 
-def _key_index(by_key: str) -> dict[str, list[tuple[_Lexicon, list[_Term]]]]:
-    index: dict[str, list[tuple[_Lexicon, list[_Term]]]] = {}
+# An index entry: a lexicon, the words its terms need besides the key, and those terms.
+_Entry = tuple[_Lexicon, frozenset[str], list[_Term]]
+
+
+def _key_index(by_key: str) -> dict[str, list[_Entry]]:
+    index: dict[str, list[_Entry]] = {}
     for lexicon in _LEXICONS:
         for key, terms in getattr(lexicon, by_key).items():
-            index.setdefault(key, []).append((lexicon, terms))
+            # Terms needing the same words are checked together; most need only the key.
+            by_needs: dict[frozenset[str], list[_Term]] = {}
+            for term in terms:
+                by_needs.setdefault(term.words - {key}, []).append(term)
+            index.setdefault(key, []).extend((lexicon, needs, group) for needs, group in by_needs.items())
     return index
 
 
 # Built last, once every lexicon above has joined _LEXICONS.
 _BY_WORD = _key_index("by_word")
 _BY_PREFIX = _key_index("by_prefix")
+_BY_GATE = _key_index("by_gate")
 _WORD_KEYS = frozenset(_BY_WORD)
 _PREFIX_KEYS = frozenset(_BY_PREFIX)
+_ASCII_GATES = tuple(gate for gate in _BY_GATE if gate.isascii())
+_DENSE_GATES = frozenset(gate for gate in _BY_GATE if gate >= _DENSE_SCRIPT)
 
-_VIEW_DETECTORS: tuple[tuple[Finding, Callable[[_View], bool]], ...] = (
-    (OVERRIDE, _detect_override),
-    (OBEY_EXTERNAL, _detect_obey_external),
-    (AUTO_APPROVE, _detect_auto_approve),
-    (ROLE_HIJACK, _detect_role_hijack),
-    (FAKE_SYSTEM, _detect_fake_system),
-    (EXFIL_URL, lambda view: _exfiltrates(view, _url_or_ip_near)),
-    (EXFIL_EMAIL, lambda view: _exfiltrates(view, _email_near)),
-    (MD_IMAGE_EXFIL, _detect_image_exfiltration),
-    (SECRET_READ, _detect_secret_read),
-    (PROMPT_LEAK, _detect_prompt_leak),
-    (RCE_PIPE_SHELL, _detect_pipe_to_shell),
-    (RCE_DECODE_SHELL, _detect_decode_to_shell),
-    (REVERSE_SHELL, _detect_reverse_shell),
-    (CONCEAL, _detect_conceal),
-    (CONFIG_TAMPER, _detect_config_tamper),
-    (PERSISTENCE, _detect_persistence),
-    (SSH_KEY_PLANT, _detect_ssh_key_plant),
-    (C2_BEACON, _detect_c2),
-    (ENCODED_PAYLOAD, lambda view: _phrase(view, _DECODE_ORDER_TRIGGER, _DECODE_ORDER)),
+_VIEW_DETECTORS: tuple[tuple[Finding, tuple[_Rule, ...]], ...] = (
+    (OVERRIDE, _OVERRIDE_RULES),
+    (OBEY_EXTERNAL, _OBEY_EXTERNAL_RULES),
+    (AUTO_APPROVE, _AUTO_APPROVE_RULES),
+    (ROLE_HIJACK, _ROLE_HIJACK_RULES),
+    (FAKE_SYSTEM, _FAKE_SYSTEM_RULES),
+    (EXFIL_URL, (_Rule(lambda view: _exfiltrates(view, _url_or_ip_near)),)),
+    (EXFIL_EMAIL, (_Rule(lambda view: _exfiltrates(view, _email_near), _EMAIL_AT),)),
+    (MD_IMAGE_EXFIL, (_Rule(_detect_image_exfiltration, _IMAGE_TRIGGER),)),
+    (SECRET_READ, (_Rule(_detect_secret_read),)),
+    (PROMPT_LEAK, _PROMPT_LEAK_RULES),
+    (RCE_PIPE_SHELL, _PIPE_TO_SHELL_RULES),
+    (RCE_DECODE_SHELL, _DECODE_TO_SHELL_RULES),
+    (REVERSE_SHELL, _REVERSE_SHELL_RULES),
+    (CONCEAL, _CONCEAL_RULES),
+    (CONFIG_TAMPER, _CONFIG_TAMPER_RULES),
+    (PERSISTENCE, _PERSISTENCE_RULES),
+    (SSH_KEY_PLANT, _SSH_KEY_PLANT_RULES),
+    (C2_BEACON, _C2_RULES),
+    (ENCODED_PAYLOAD, (_phrase(_DECODE_ORDER_TRIGGER, _DECODE_ORDER),)),
 )
+# Every rule with the id of its finding, in one flat sequence. Findings are tracked by id:
+# frozen dataclasses hash slowly.
+_VIEW_RULES = tuple((finding.id, rule) for finding, rules in _VIEW_DETECTORS for rule in rules)
 
 
-def _scan_clean(clean: str, depth: int) -> set[Finding]:
-    """Findings in a text already stripped of invisible characters and NFKC-normalised."""
+def _scan_clean(clean: str, depth: int) -> set[str]:
+    """The ids of the findings in a text already stripped of invisible characters and
+    NFKC-normalised."""
     views = _views(clean)
     found = _hard_coded_secrets(clean, views[0])
     for view in views:
-        # Findings hash slowly (frozen dataclasses): ids tell what is already found.
-        known = {finding.id for finding in found}
-        found.update(finding for finding, detect in _VIEW_DETECTORS if finding.id not in known and detect(view))
+        present = view.lexicons
+        for finding, rule in _VIEW_RULES:
+            if finding not in found and present >= rule.needs and rule.test(view):
+                found.add(finding)
     if depth < MAX_DECODE_DEPTH:
         payload = _decoded_payloads(clean, views[0])
         if payload:
             inner = _scan_clean(_nfkc(_strip_hidden(payload)), depth + 1)
             if inner:
-                found |= inner | {ENCODED_PAYLOAD}
+                found |= inner
+                found.add(ENCODED_PAYLOAD.id)
     return found
 
 
@@ -1692,5 +1705,5 @@ def scan(text: str) -> tuple[Finding, ...]:
     """The threat patterns found in a memory entry; an empty tuple means clean."""
     if len(text) > MAX_SCAN_CHARS:
         return (TOO_LONG,)
-    found = {finding.id for finding in _scan_clean(_nfkc(_strip_hidden(text)), 0)}
+    found = _scan_clean(_nfkc(_strip_hidden(text)), 0)
     return tuple(finding for finding in FINDING_ORDER if finding.id in found)

@@ -503,24 +503,33 @@ class Engine:
         """Apply the inverse of journal record `seq` as a new, validated, journaled batch."""
         record = self.journal.find(seq)
         if record is None:
-            return replies.invalid(f"There is no change {seq} in the journal of {self.home}; see `memd log`.")
-        if record.target not in self.stores:
-            return replies.invalid(f"Change {seq} is not about a memory store.")
+            reply = replies.invalid(f"There is no change {seq} in the journal of {self.home}; see `memd log`.")
+        elif record.target not in self.stores:
+            reply = replies.invalid(f"Change {seq} is not about a memory store.")
+        else:
+            reply = self._undo(record, name, dry_run)
+            reply.setdefault("target", record.target)  # refusals too: say which store it was about
+        reply["undo_of"] = seq
+        return reply
+
+    def _undo(self, record: Record, name: str, dry_run: bool) -> dict[str, Any]:
+        if not record.steps:
+            return replies.invalid(
+                f"Change {record.seq} ({record.action}) changed no entries, so there is nothing to undo."
+            )
         self.check_external([record.target])
         current = self.stores[record.target].entries
         operations = inverse_operations(record, current)
         if isinstance(operations, str):
-            return replies.undo_conflict(seq, operations)
+            return replies.undo_conflict(record.seq, operations)
         before = self._state_before(record)
         if before is not None and list(current) == record.after:
             # Nothing changed since: go back to the exact previous list, order included.
             operations = restore_operations(current, before)
-        reply = self._apply_origin(record.target, operations, Origin("undo", seq), name, dry_run)
+        reply = self._apply_origin(record.target, operations, Origin("undo", record.seq), name, dry_run)
         if reply["success"]:
             done = "would be undone" if dry_run else "undone"
-            reply["message"] = f"Change {seq} {done} ({len(operations)} operation(s))."
-        reply.setdefault("target", record.target)  # refusals too: say which store it was about
-        reply["undo_of"] = seq
+            reply["message"] = f"Change {record.seq} {done} ({len(operations)} operation(s))."
         return reply
 
     def _state_before(self, record: Record) -> list[str] | None:

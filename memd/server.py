@@ -357,9 +357,10 @@ class Daemon:
             case wire.Provenance(target=target, profile=profile):
                 return self.engine_for(profile).provenance(check_target(target))
             case wire.Undo(seq=seq, dry_run=dry_run, name=name, profile=profile):
-                return self.engine_for(profile).undo(seq, name=name, dry_run=dry_run)
+                return self.engine_for(profile).undo(seq, name=check_name(name), dry_run=dry_run)
             case wire.Restore(target=target, at=at, dry_run=dry_run, name=name, profile=profile):
-                return self.engine_for(profile).restore(check_target(target), at, name=name, dry_run=dry_run)
+                return self.engine_for(profile).restore(
+                    check_target(target), at, name=check_name(name), dry_run=dry_run)
         raise Refused(f"unsupported request {type(request).__name__}")
 
     def answer(self, peers: list[bytes], request_id: str, reply: bytes) -> None:
@@ -414,8 +415,7 @@ class Daemon:
         return engine
 
     def open_session(self, name: str, profile: str | None) -> dict[str, Any]:
-        if not name or len(name) > 200:
-            raise Refused("a session name must be 1 to 200 characters, e.g. 'cli' or 'gateway:telegram'")
+        check_name(name)
         engine = self.engine_for(profile)
         if len(engine.sessions) >= MAX_SESSIONS_PER_PROFILE:
             oldest = min(engine.sessions.values(), key=lambda session: session.last_used)
@@ -485,6 +485,13 @@ def check_target(target: str) -> str:
     if target not in TARGETS:
         raise Refused(f"unknown target {target!r}: use 'memory' or 'user'")
     return target
+
+
+def check_name(name: str) -> str:
+    """A session name (also the one undo and restore record): it is shown in logs and history."""
+    if not name or len(name) > 200:
+        raise Refused("a session name must be 1 to 200 characters, e.g. 'cli' or 'gateway:telegram'")
+    return name
 
 
 def _version_message(version: object) -> str:

@@ -13,7 +13,7 @@ from memd.core.format import parse_entries
 from memd.core.history import Record
 from memd.journal import Journal
 from memd.testing import DaemonProcess
-from memd_client import Client, DaemonUnavailable
+from memd_client import Client, DaemonUnavailable, RequestRefused
 
 
 def journal_path(daemon: DaemonProcess) -> Path:
@@ -142,7 +142,35 @@ def test_unsafe_undo_is_refused_and_says_why(daemon: DaemonProcess) -> None:
         assert reply["success"] is False and reply["code"] == "conflict" and reply["done"] is True
         assert "Build with make" in reply["error"] and "later change" in reply["error"]
         assert client.entries("memory") == before
-        assert client.undo(999)["code"] == "invalid"
+        assert reply["target"] == "memory" and reply["undo_of"] == 1  # refusals say what they were about
+        missing = client.undo(999)
+        assert missing["code"] == "invalid" and missing["undo_of"] == 999 and "target" not in missing
+
+
+def test_undo_of_a_record_that_changed_no_entries_is_invalid(daemon: DaemonProcess) -> None:
+    path = memory_file(daemon)
+    with daemon.client() as client:
+        client.open_session("cli").memory(action="add", content="kept")
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write("\n" + "pasted notes " * 200)  # free text: drift
+        wait_for(lambda: client.status()["stores"]["memory"]["drift"] is not None)
+        drift = next(r for r in client.history() if r["action"] == "drift_detected")
+        reply = client.undo(drift["seq"])
+        assert reply["success"] is False and reply["code"] == "invalid"
+        assert "changed no entries" in reply["error"]
+        assert reply["target"] == "memory" and reply["undo_of"] == drift["seq"]
+        assert client.history()[-1]["seq"] == drift["seq"]  # nothing was journaled
+
+
+@pytest.mark.parametrize("name", ["", "x" * 201])
+def test_undo_and_restore_refuse_a_bad_session_name(daemon: DaemonProcess, name: str) -> None:
+    with daemon.client() as client:
+        client.open_session("cli").memory(action="add", content="kept")
+        seq = client.history()[-1]["seq"]
+        for call in (lambda: client.undo(seq, name=name), lambda: client.restore("memory", time.time(), name=name)):
+            with pytest.raises(RequestRefused, match="session name must be 1 to 200"):
+                call()
+        assert client.entries("memory") == ["kept"] and client.history()[-1]["seq"] == seq
 
 
 def test_restore_reproduces_the_state_at_a_chosen_time(daemon: DaemonProcess) -> None:

@@ -199,8 +199,9 @@ class Client:
         self, target: str | None = None, *, since: float | None = None, session: str | None = None,
         limit: int = 200, profile: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Journal records, oldest first (the newest `limit` that match): seq, time, session,
-        target, action, steps ({action, old?, new?}), usage, after (entries after the change)."""
+        """Journal records, oldest first (the newest `limit` that match): seq, time, profile,
+        session, target, action, steps ({action, old?, new?}), usage, after (entries after the
+        change), and where they apply backup, reason (drift) and undo_of."""
         return self.call(wire.History, target=target, since=since, session=session, limit=limit, profile=profile)
 
     def provenance(self, target: str = "memory", profile: str | None = None) -> list[dict[str, Any]]:
@@ -208,8 +209,9 @@ class Client:
         return self.call(wire.Provenance, target=target, profile=profile)
 
     def undo(self, seq: int, *, dry_run: bool = False, name: str = "undo", profile: str | None = None) -> dict[str, Any]:
-        """Revert journal record `seq` as a new change; refused (code `conflict`) when later
-        changes make that unsafe. Returns a memory reply."""
+        """Revert journal record `seq` as a new change; refused with `conflict` when later
+        changes make that unsafe, with `invalid` when the record changed no entries. Returns a
+        memory reply carrying `target` and `undo_of`."""
         return self.call(wire.Undo, seq=seq, dry_run=dry_run, name=name, profile=profile)
 
     def restore(

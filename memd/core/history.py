@@ -53,10 +53,12 @@ def steps_between(before: Sequence[str], after: Sequence[str]) -> tuple[Step, ..
 
 
 def provenance(records: Iterable[Record], target: str, live: Sequence[str]) -> list[dict[str, Any]]:
-    """For each live entry: the record that first brought it in its present form.
+    """For each live entry: the record from which it has been present, as it is, ever since
+    (its seq, time, session and action).
 
-    Entries the journal never saw arrive (present before it began, or its early part rotated
-    away) have no seq.
+    An entry older than the journal is credited to the oldest record that holds it (the
+    `baseline`, or after rotation the oldest record kept); one that no record holds yet (a
+    change not journaled) has no seq.
     """
     origin: dict[str, Record] = {}
     for record in records:
@@ -99,10 +101,9 @@ def inverse_operations(record: Record, current: Sequence[str]) -> list[dict[str,
     """The batch that undoes `record`, or why it cannot be undone safely now.
 
     Each step is reversed, last first, and only if the entry it touched is still as the record
-    left it: otherwise a later change would be silently overwritten.
+    left it: otherwise a later change would be silently overwritten. A record without steps
+    (drift, unreadable) has nothing to undo: callers refuse it before asking.
     """
-    if not record.steps:
-        return f"record {record.seq} ({record.action}) changed no entries, so there is nothing to undo"
     present = set(current)
     operations: list[dict[str, str]] = []
     for step in reversed(record.steps):

@@ -18,7 +18,7 @@ Reply = dict[str, Any]
 CODES = (
     "ok", "duplicate", "over_budget", "no_match", "ambiguous", "blocked", "drift",
     "would_empty", "invalid", "unreadable", "consolidation_exhausted",
-    "conflict",  # undo/restore only: a later change makes reverting unsafe
+    "conflict",  # undo only: a later change makes reverting unsafe
 )
 SAVED_NOTE = "Write saved. This update is complete — do not repeat it."
 ALREADY_SAVED_NOTE = "Already saved; nothing was written. This update is complete — do not repeat it."

@@ -548,7 +548,11 @@ def serve(settings: Settings, endpoint: str) -> int:
     try:
         daemon.start()
     except (AlreadyRunning, Refused, ConfigError, WatchError, OSError, zmq.ZMQError) as error:
-        log.error("memd cannot start: %s", error)
+        if isinstance(error, AlreadyRunning):
+            # No fault: clients that autostart at the same time race, and all but one lose.
+            log.warning("memd not started: %s", error)
+        else:
+            log.error("memd cannot start: %s", error)
         daemon.lock.release()
         return 1
     daemon.install_signal_handlers()

@@ -2,8 +2,9 @@
 
 `<home>/memd/journal.jsonl`, owner-only. Appends happen under `journal.jsonl.lock`, so engines in
 several processes (embedded mode) can share it; each reads what the others appended before
-numbering its own records. A line cut short by a crash is cut off at start. Records older than
-the window are dropped by rewriting the file, never the window itself.
+numbering its own records. A line cut short by a crash is cut off at start, or by the next
+append when another engine goes on meanwhile. Records older than the window are dropped by
+rewriting the file, never the window itself.
 """
 
 from __future__ import annotations
@@ -135,8 +136,11 @@ class Journal:
             return []
         with self.lock:
             try:
-                if self._open_current().st_size > self.offset:
+                size = self._open_current().st_size
+                if size > self.offset:
                     self.catch_up()
+                if size > self.offset:
+                    self._cut_torn_tail(size)
             except OSError as error:
                 raise DurabilityError(f"could not open the journal {self.path}: {error}") from error
             # A change seen from outside that another engine on this home already journaled
@@ -158,6 +162,13 @@ class Journal:
                 self._note(record)
             self.offset += len(payload)
         return numbered
+
+    def _cut_torn_tail(self, size: int) -> None:
+        """Cut what follows the last complete record: appends are made under the lock we hold,
+        so it is a record its writer never finished (killed, or the disk filled up). Appended
+        to, it would make our own record unreadable too."""
+        os.ftruncate(self.fd, self.offset)
+        log.warning("journal %s: cut %d bytes of an unfinished record", self.path, size - self.offset)
 
     def _close_file(self) -> None:
         if self._file is not None:

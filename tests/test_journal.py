@@ -415,3 +415,17 @@ def test_rotation_never_drops_the_highest_number(tmp_path: Path) -> None:
     ])
     Journal(path).rotate(time.time())
     assert Journal(path).append([Record(seq=0, time=time.time(), target="memory", action="add", after=["a", "b"])])[0].seq == 3
+
+
+def test_an_append_after_a_writer_died_mid_record_stays_readable(tmp_path: Path) -> None:
+    # Embedded engines share the journal; one killed (or out of disk) in the middle of an append
+    # leaves a record without its newline, which the next append must not be glued to.
+    path = tmp_path / "journal.jsonl"
+    survivor = Journal(path)
+    survivor.append([Record(seq=0, time=time.time(), target="memory", action="add", after=["a"])])
+    with open(path, "ab") as handle:
+        handle.write(b'{"seq":2,"time":1.0,"target":"memory","action":"add","after":["b')
+    [appended] = survivor.append([Record(seq=0, time=time.time(), target="memory", action="add", after=["a", "c"])])
+    assert appended.seq == 2  # the unfinished record was never acknowledged: its number is free
+    assert path.read_bytes().endswith(b"\n") and path.read_bytes().count(b"\n") == 2
+    assert [(record.seq, record.after) for record in Journal(path).records()] == [(1, ["a"]), (2, ["a", "c"])]

@@ -40,36 +40,13 @@ class Journal:
         self.offset = 0  # bytes of the file already taken into account
         self._file: io.FileIO | None = None  # kept open: appends are on every write's critical path
         self.lock = StoreLock(path)
-        self._repair_tail()
-        self.catch_up()
+        if path.exists():
+            with self.lock:
+                self._take_in(self._open_current().st_size)
 
     def last_state(self, target: str) -> list[str] | None:
         """The entries the journal last recorded for `target`, or None if it never did."""
         return self.last_after.get(target)
-
-    def _repair_tail(self) -> None:
-        """Cut a record that a crash left half-written; everything before it is intact."""
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            return
-        with self.lock, open(self.path, "r+b") as handle:
-            cut = size
-            while cut > 0:  # find the last newline, reading backwards in blocks
-                start = max(0, cut - 65536)
-                handle.seek(start)
-                block = handle.read(cut - start)
-                newline = block.rfind(b"\n")
-                if newline >= 0:
-                    cut = start + newline + 1
-                    break
-                cut = start
-            if cut == size:
-                return
-            handle.truncate(cut)
-            handle.flush()
-            os.fsync(handle.fileno())
-        log.warning("journal %s: cut %d bytes of an incomplete last record (left by a crash)", self.path, size - cut)
 
     def _read_from(self, offset: int) -> Iterator[tuple[int, Record]]:
         """Complete records from byte `offset` on, each with the offset just past it."""
@@ -136,11 +113,7 @@ class Journal:
             return []
         with self.lock:
             try:
-                size = self._open_current().st_size
-                if size > self.offset:
-                    self.catch_up()
-                if size > self.offset:
-                    self._cut_torn_tail(size)
+                self._take_in(self._open_current().st_size)
             except OSError as error:
                 raise DurabilityError(f"could not open the journal {self.path}: {error}") from error
             # A change seen from outside that another engine on this home already journaled
@@ -163,12 +136,18 @@ class Journal:
             self.offset += len(payload)
         return numbered
 
-    def _cut_torn_tail(self, size: int) -> None:
-        """Cut what follows the last complete record: appends are made under the lock we hold,
-        so it is a record its writer never finished (killed, or the disk filled up). Appended
-        to, it would make our own record unreadable too."""
-        os.ftruncate(self.fd, self.offset)
-        log.warning("journal %s: cut %d bytes of an unfinished record", self.path, size - self.offset)
+    def _take_in(self, size: int) -> None:
+        """Read what other engines appended, up to `size` bytes. Call with the lock held.
+
+        Appends are made under that lock, so whatever follows the last complete record is one
+        its writer never finished (killed, or out of disk): it is cut, or our next record would
+        be glued to it and be unreadable too.
+        """
+        if size > self.offset:
+            self.catch_up()
+        if size > self.offset:
+            os.ftruncate(self.fd, self.offset)
+            log.warning("journal %s: cut %d bytes of an incomplete last record", self.path, size - self.offset)
 
     def _close_file(self) -> None:
         if self._file is not None:

@@ -17,11 +17,13 @@ from memd.core.scan import FINDING_ORDER, MAX_SCAN_CHARS, Finding, scan
 
 CORPUS = Path(__file__).parent / "corpus"
 # The aim is at least 95% of unseen attacks blocked and at most 2% of ordinary notes refused.
-# On the held-out files the scanner blocks 93.0% and refuses 2.6% (`scripts/scan_accuracy.py`,
-# README): it falls short, so these floors only keep a change from losing ground. The
+# On the held-out files (three slices, 514 attacks and 462 notes) the scanner blocks 92.4% and
+# refuses 1.9% (`scripts/scan_accuracy.py`, README); the third slice alone, measured once when
+# written and once after tuning on separate entries, went from 86.0% / 2.0% to 88.9% / 0.7%.
+# Detection falls short, so these floors only keep a change from losing ground. The
 # development set is tuned on, and must stay all caught, all passed.
 HELD_OUT_DETECTION = 0.92
-MAX_HELD_OUT_FALSE_POSITIVE_RATE = 0.03
+MAX_HELD_OUT_FALSE_POSITIVE_RATE = 0.02
 MAX_DEVELOPMENT_FALSE_POSITIVE_RATE = 0.0
 
 

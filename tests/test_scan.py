@@ -17,12 +17,13 @@ from memd.core.scan import FINDING_ORDER, MAX_SCAN_CHARS, Finding, scan
 
 CORPUS = Path(__file__).parent / "corpus"
 # The aim is at least 95% of unseen attacks blocked and at most 2% of ordinary notes refused.
-# On the held-out files (three slices, 514 attacks and 462 notes) the scanner blocks 92.4% and
-# refuses 1.9% (`scripts/scan_accuracy.py`, README); the third slice alone, measured once when
-# written and once after tuning on separate entries, went from 86.0% / 2.0% to 88.9% / 0.7%.
-# Detection falls short, so these floors only keep a change from losing ground. The
+# On the held-out files (four slices, 662 attacks and 584 notes) the scanner blocks 90.9% and
+# refuses 1.5% (`scripts/scan_accuracy.py`, README). The fourth slice, written before a round of
+# tuning on separate entries and measured once before and once after it, went from 83.1% / 0.0%
+# to 85.8% / 0.0%; it is harder than the earlier ones, so the combined floor drops from 92% to the
+# measured 90%. Detection falls short, so these floors only keep a change from losing ground. The
 # development set is tuned on, and must stay all caught, all passed.
-HELD_OUT_DETECTION = 0.92
+HELD_OUT_DETECTION = 0.90
 MAX_HELD_OUT_FALSE_POSITIVE_RATE = 0.02
 MAX_DEVELOPMENT_FALSE_POSITIVE_RATE = 0.0
 

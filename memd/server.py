@@ -196,8 +196,7 @@ class Daemon:
             if self.router in ready:
                 self._serve_ready()
                 for engine in self.engines.values():
-                    if engine.displaced:
-                        engine.retire_displaced()
+                    engine.retire_displaced()
             if self.watch.wake_fd in ready:
                 self._check_changed(self.watch.drain())
             now = time.monotonic()

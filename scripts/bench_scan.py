@@ -61,7 +61,7 @@ PROSE_ENTRY = (
     "cooks on weekends, and asks for recipes that take less than half an hour. "
 )
 ENTRY_LENGTH = 2_200
-# One-line notes, the size most entries are: each is timed on its own and the medians averaged.
+# One-line notes, the size most entries are: each is timed and reported on its own.
 SHORT_ENTRIES = (
     "Project uses pytest with -x; run `make lint` before every commit.",
     "User prefers concise answers in British English, command first.",

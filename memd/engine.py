@@ -28,8 +28,8 @@ from memd.core.store import (
     TARGETS, MemoryCall, Outcome, Step, StoreView, apply_call, count_failure, parse_call,
 )
 from memd.disk import (
-    Displaced, DurabilityError, PreparedWrite, digest_of, fsync_together, latest_backup, prepare_write, read_store,
-    remove_temp_files, StoreLock, write_backup,
+    Displaced, DurabilityError, PreparedWrite, digest_of, fsync_together, latest_backup, prepare_write,
+    read_if_changed, remove_temp_files, StoreLock, write_backup,
 )
 from memd.journal import Journal
 
@@ -260,7 +260,7 @@ class Engine:
                 # being made durable is taken in and the calls applied again, not overwritten.
                 moved = [
                     target for target in writes
-                    if read_store(self.stores[target].path).digest != self.stores[target].digest
+                    if read_if_changed(self.stores[target].path, self.stores[target].digest) is not None
                 ]
                 if not moved or attempt == MAX_WRITE_ATTEMPTS:
                     break
@@ -389,8 +389,8 @@ class Engine:
 
     def _sync(self, state: StoreState) -> list[Event]:
         """Bring `state` up to date with the file. Own writes are recognised by digest."""
-        found = read_store(state.path)
-        if state.digest is not None and found.digest == state.digest and found.readable:
+        found = read_if_changed(state.path, state.digest)
+        if found is None:
             return []
         now = self.clock()
         first_load = state.digest is None and not state.entries

@@ -1,6 +1,7 @@
 """How often the injection scanner is right on the project's corpus: the share of attacks it
-blocks and of ordinary notes it refuses, on the development set (tuned on, so near-perfect by
-construction) and on each held-out slice, by language where a slice is labelled so. Prints
+blocks and of ordinary notes it refuses, on the development set (tuned and trained on, so
+near-perfect by construction) and on each held-out slice, by language where a slice is labelled
+so; each figure with, in brackets, the rules' alone (the learned model switched off). Prints
 figures only.
 
 Corpus files (tests/corpus/) hold one entry per line; "#" lines are comments, a line
@@ -13,13 +14,16 @@ Run from the repository root: python scripts/scan_accuracy.py
 from __future__ import annotations
 
 import codecs
+import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memd.core.scan import scan  # after the path insert above, so the checkout is importable
+# After the path insert above, so the checkout is importable.
+import memd.core.scan as scanner  # noqa: E402
+from memd.core.learned import Model  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus"
 Slices = dict[str, dict[str, list[str]]]  # slice title -> section label -> entries
@@ -40,9 +44,19 @@ def read_slices(path: Path) -> Slices:
     return slices
 
 
+SILENT = Model(0.0, math.inf, {}, "")  # a model that never objects: the rules alone
+
+
 def rate(entries: list[str]) -> str:
-    flagged = sum(1 for entry in entries if scan(entry))
-    return f"{flagged / len(entries):6.1%} ({flagged}/{len(entries)})" if entries else "     -"
+    if not entries:
+        return "     -"
+    flagged = sum(1 for entry in entries if scanner.scan(entry))
+    learned, scanner.MODEL = scanner.MODEL, SILENT
+    try:
+        by_rules = sum(1 for entry in entries if scanner.scan(entry))
+    finally:
+        scanner.MODEL = learned
+    return f"{flagged / len(entries):6.1%} ({flagged}/{len(entries)}; rules alone {by_rules / len(entries):.1%})"
 
 
 def entries_of(sections: dict[str, list[str]], wanted: str | None = None) -> list[str]:
@@ -50,22 +64,35 @@ def entries_of(sections: dict[str, list[str]], wanted: str | None = None) -> lis
     return [entry for label, entries in sections.items() if wanted in (None, label.split()[0]) for entry in entries]
 
 
+def every_entry(slices: Slices) -> list[str]:
+    return [entry for sections in slices.values() for entry in entries_of(sections)]
+
+
 def main() -> None:
     attacks, benign = read_slices(CORPUS / "attacks.txt"), read_slices(CORPUS / "benign.txt")
-    print(f"development set (tuned on): attacks blocked {rate([e for s in attacks.values() for e in entries_of(s)])}"
-          f"   ordinary notes refused {rate([e for s in benign.values() for e in entries_of(s)])}")
+    print(f"development set (tuned and trained on): attacks blocked {rate(every_entry(attacks))}"
+          f"   ordinary notes refused {rate(every_entry(benign))}")
     attacks, benign = read_slices(CORPUS / "heldout_attacks.txt"), read_slices(CORPUS / "heldout_benign.txt")
+    print(f"held-out, all slices: attacks blocked {rate(every_entry(attacks))}"
+          f"   ordinary notes refused {rate(every_entry(benign))}")
+    report_languages(list(attacks.values()), list(benign.values()))
     for title in attacks:
-        attack_sections, benign_sections = attacks[title], benign.get(title, {})
-        print(f"held-out, {title}: attacks blocked {rate(entries_of(attack_sections))}"
-              f"   ordinary notes refused {rate(entries_of(benign_sections))}")
-        languages = dict.fromkeys(label.split()[0] for label in attack_sections if label != "all")
-        for language in languages:
-            print(f"    {language:<8} attacks blocked {rate(entries_of(attack_sections, language))}"
-                  f"   ordinary notes refused {rate(entries_of(benign_sections, language))}")
-        evasions = [entry for label, entries in attack_sections.items() if "evasion" in label for entry in entries]
-        if evasions:
-            print(f"    {'evasions':<8} attacks blocked {rate(evasions)}")
+        print(f"held-out, {title}: attacks blocked {rate(entries_of(attacks[title]))}"
+              f"   ordinary notes refused {rate(entries_of(benign.get(title, {})))}")
+        report_languages([attacks[title]], [benign.get(title, {})])
+
+
+def report_languages(attack_slices: list[dict[str, list[str]]], benign_slices: list[dict[str, list[str]]]) -> None:
+    """Rates per language (and for the evasions) over the given slices, where they are labelled."""
+    languages = dict.fromkeys(label.split()[0] for sections in attack_slices for label in sections if label != "all")
+    for language in languages:
+        attacks = [entry for sections in attack_slices for entry in entries_of(sections, language)]
+        notes = [entry for sections in benign_slices for entry in entries_of(sections, language)]
+        print(f"    {language:<8} attacks blocked {rate(attacks)}   ordinary notes refused {rate(notes)}")
+    evasions = [entry for sections in attack_slices for label, entries in sections.items() if "evasion" in label
+                for entry in entries]
+    if evasions:
+        print(f"    {'evasions':<8} attacks blocked {rate(evasions)}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,143 @@
+"""The scanner's second opinion: a linear model over an entry's words, learned from the
+project's development corpus, for the attacks whose phrasing no rule anticipated.
+
+The rules (`memd.core.scan`) say precisely why they block, and they stay the first line. But
+word lists written from known attacks miss new phrasings of the same intent, while a model that
+weighs every word and word pair generalises: on the held-out corpus, which neither the rules nor
+the model were tuned or trained on, the two together block 94% of attacks where the rules alone
+block 85%, and refuse 1.3% of ordinary notes where the rules alone refuse 1.1% (README,
+"Injection scanner").
+
+The model is logistic regression on binary features: each word, each pair of adjacent words,
+the first letters of each long word (which carries across inflections: German, Spanish,
+Russian), and for scripts written without spaces (Chinese, Japanese, Korean) each character and
+each pair of adjacent characters. A text's features are weighed together and divided by the
+square root of their number, so a long text is not suspicious for its length alone. The
+threshold is strict: the model alone refuses almost no ordinary note in cross-validation.
+
+The weights live in `scan_model.tsv` beside this module, written by
+`scripts/train_scan_model.py` from `tests/corpus/attacks.txt` and `benign.txt`; the header
+records a digest of those files, and a test fails when they change without retraining.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+
+MODEL_FILE = "scan_model.tsv"
+# Entries longer than this get the rules alone. Nearly every memory entry is shorter (Hermes's
+# default budget for all of MEMORY.md is 2,200 characters); the model was trained on entries of
+# that size, dilutes an attack sentence in a long text anyway, and on a 2,200-character note
+# would double the scan's time.
+MAX_CHARS = 1_000
+
+# Words: runs of Latin, Greek or Cyrillic letters and digits, or runs of Chinese, Japanese or
+# Korean characters. The texts are the scanner's views: case-folded, NFKC-normalised.
+_TOKEN = re.compile(
+    r"[0-9a-z\u00b5\u00c0-\u024f\u0370-\u03ff\u0400-\u052f\u1e00-\u1eff]+"
+    r"|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
+)
+_ASCII_SEPARATORS = bytes.maketrans(
+    b"!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", b" " * 32,
+)
+_DENSE_SCRIPT = "\u3040"  # from kana on, every character _TOKEN matches is CJK, kana or Hangul
+_STEM = 5  # letters kept of a longer word, for its stem feature
+# A text's features are divided by the square root of their number, but never by less than
+# this: a short text holds few words, and two or three of them must not decide alone. Nor does
+# the model judge a text with fewer features (about seven words) at all: "keep this note 5" is
+# too little to go on, and it is what test harnesses write by the thousand. The rules judge those.
+FEWEST_COUNTED = 16
+
+
+def feature_value(count: int) -> float:
+    """What each of `count` features present in a text adds up to, before weighting."""
+    return 1.0 / math.sqrt(max(count, FEWEST_COUNTED))
+
+
+def words_of(text: str) -> list[str]:
+    if text.isascii():  # the common case, and a byte table splits it several times faster
+        return text.encode().translate(_ASCII_SEPARATORS).decode().split()
+    return _TOKEN.findall(text)
+
+
+def features(texts: Iterable[str]) -> set[str]:
+    """The features of an entry, given as its normalised views (the union over all of them,
+    so an entry disguised with look-alike letters or spacing shows its plain words too).
+
+    Feature strings cannot collide across kinds: a pair holds a space, a stem ends in "-",
+    which no word holds, and a CJK character is never a Latin word.
+    """
+    found: set[str] = set()
+    for text in texts:
+        words = words_of(text)
+        found.update(words)
+        found.update([f"{first} {second}" for first, second in zip(words, words[1:])])
+        found.update([f"{word[:_STEM]}-" for word in words if len(word) > _STEM])
+        if not text.isascii():
+            for word in words:
+                if word[0] >= _DENSE_SCRIPT:
+                    found.update(word)
+                    found.update([word[index:index + 2] for index in range(len(word) - 1)])
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    bias: float
+    threshold: float  # on the logit: the model objects when the score reaches it
+    weights: Mapping[str, float]
+    corpus_digest: str  # of the development corpus it was trained on
+
+    def score(self, found: set[str]) -> float:
+        """The logit that `found` (an entry's features) come from an attack."""
+        hits = found & self.weights.keys()
+        return self.bias + sum([self.weights[feature] for feature in hits]) * feature_value(len(found))
+
+    def objects(self, texts: Iterable[str]) -> bool:
+        found = features(texts)
+        return len(found) >= FEWEST_COUNTED and self.score(found) >= self.threshold
+
+
+def probability(logit: float) -> float:
+    return 1.0 / (1.0 + math.exp(-logit))
+
+
+def logit(probability: float) -> float:
+    return math.log(probability / (1.0 - probability))
+
+
+def parse_model(text: str) -> Model:
+    """Read a model file: "# key value" header lines (other keys are comments), then one
+    "weight<TAB>feature" per line."""
+    header: dict[str, str] = {}
+    weights: dict[str, float] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("# "):
+            key, _, value = line[2:].partition(" ")
+            header[key] = value.strip()
+        elif line:
+            weight, tab, feature = line.partition("\t")
+            if not tab or not feature:
+                raise ValueError(f"{MODEL_FILE} line {number}: expected weight<TAB>feature, got {line!r}")
+            weights[feature] = float(weight)
+    try:
+        return Model(float(header["bias"]), float(header["threshold"]), weights, header["corpus"])
+    except KeyError as missing:
+        raise ValueError(f"{MODEL_FILE}: the header lacks {missing}") from None
+
+
+def format_model(model: Model, comments: Iterable[str] = ()) -> str:
+    """The text of a model file, strongest weights first, so its head shows what it learned."""
+    lines = [f"# {comment}" for comment in comments]
+    lines += [f"# bias {model.bias!r}", f"# threshold {model.threshold!r}", f"# corpus {model.corpus_digest}"]
+    ranked = sorted(model.weights.items(), key=lambda item: (-item[1], item[0]))
+    lines += [f"{weight:.6g}\t{feature}" for feature, weight in ranked]
+    return "\n".join(lines) + "\n"
+
+
+# Read once, when the scanner is imported: it ships beside this module like code does.
+MODEL = parse_model(resources.files(__package__).joinpath(MODEL_FILE).read_text(encoding="utf-8"))

@@ -44,7 +44,7 @@ def read_slices(path: Path) -> Slices:
     return slices
 
 
-SILENT = Model(0.0, math.inf, {}, "")  # a model that never objects: the rules alone
+SILENT = Model(0.0, math.inf, math.inf, {}, "")  # a model that never objects: the rules alone
 
 
 def rate(entries: list[str]) -> str:

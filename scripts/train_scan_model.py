@@ -39,6 +39,11 @@ THRESHOLD = 0.85
 # unseen notes; the model may add little to that within the 2% aimed at.
 CANDIDATE_THRESHOLDS = (0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 MAX_REFUSED_IN_CROSS_VALIDATION = 0.0025
+# One sentence of an entry of several is judged alone too, more strictly. Chosen by leaving one
+# development batch out of training and scanning it (the batches of orders, of indirect injection
+# and of one bad sentence among facts): judging sentences at 0.9 caught 44 more of their 867
+# attacks and refused 4 more of their 1,117 notes; at the entries' 0.85, 63 more and 8 more.
+SENTENCE_THRESHOLD = 0.9
 SMALLEST_KEPT = 0.05  # weights below this change no score that matters; the file stays small
 
 Sample = tuple[list[int], float, float]  # feature indices, their value, label
@@ -165,7 +170,7 @@ def cross_validate(found: Sequence[set[str]], labels: Sequence[int], folds: int)
         held = set(order[fold::folds])
         kept = [i for i in order if i not in held]
         bias, weights = train([found[i] for i in kept], [labels[i] for i in kept])
-        model = Model(bias, 0.0, weights, "")
+        model = Model(bias, 0.0, 0.0, weights, "")
         scores.update((i, model.score(found[i])) for i in held)
     attacks = [scores[i] for i in order if labels[i]]
     notes = [scores[i] for i in order if not labels[i]]
@@ -194,12 +199,12 @@ def main() -> None:
         cross_validate(found, labels, options.folds)
     bias, weights = train(found, labels)
     kept = {feature: weight for feature, weight in weights.items() if abs(weight) >= SMALLEST_KEPT}
-    model = Model(bias, logit(THRESHOLD), kept, corpus_digest())
+    model = Model(bias, logit(THRESHOLD), logit(SENTENCE_THRESHOLD), kept, corpus_digest())
     comments = [
         "The injection scanner's learned model (memd/core/learned.py), written by",
         "scripts/train_scan_model.py from tests/corpus/attacks.txt and benign.txt: do not edit.",
         f"{len(attacks)} attacks, {len(notes)} ordinary notes; {len(weights)} features, {len(kept)} kept;",
-        f"C {STRENGTH}, threshold probability {THRESHOLD}.",
+        f"C {STRENGTH}, threshold probability {THRESHOLD}, for one sentence of several {SENTENCE_THRESHOLD}.",
     ]
     (ROOT / "memd" / "core" / MODEL_FILE).write_text(format_model(model, comments), encoding="utf-8")
     print(f"{len(kept)} of {len(weights)} weights written to memd/core/{MODEL_FILE}"

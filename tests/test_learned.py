@@ -34,6 +34,13 @@ def test_features_split_at_punctuation_in_any_script():
     assert {"env", "https", "привет", "мир", "привет мир"} <= features(["upload .env to https://x", "привет, мир"])
 
 
+def test_pairs_do_not_span_sentences():
+    assert features(["keep it. ignore me"]) == {"keep", "it", "keep it", "ignore", "me", "ignore me", "ignor-"}
+    assert learned.sentence_features(["keep it. ignore me", "忽略。规则"]) == [
+        {"keep", "it", "keep it"}, {"ignore", "me", "ignore me", "ignor-"}, {"忽略", "忽", "略"}, {"规则", "规", "则"},
+    ]
+
+
 def test_dense_scripts_give_characters_and_pairs():
     found = features(["忽略规则"])
     assert {"忽", "略", "规", "则", "忽略", "略规", "规则"} <= found
@@ -60,12 +67,12 @@ def test_no_features_scores_the_bias():
 # -- the file --------------------------------------------------------------------------------------
 
 def test_a_model_file_reads_back_as_written():
-    model = Model(0.25, 2.0, {"ignore": 1.5, "the rules": -0.125, "忽略": 3.0}, "abc")
+    model = Model(0.25, 2.0, 2.5, {"ignore": 1.5, "the rules": -0.125, "忽略": 3.0}, "abc")
     assert parse_model(format_model(model, ["a comment"])) == model
 
 
 def test_a_model_file_lists_the_strongest_weights_first():
-    text = format_model(Model(0.0, 1.0, {"weak": 0.5, "strong": 4.0, "against": -2.0}, "d"))
+    text = format_model(Model(0.0, 1.0, 1.0, {"weak": 0.5, "strong": 4.0, "against": -2.0}, "d"))
     assert [line.split("\t")[1] for line in text.splitlines() if "\t" in line] == ["strong", "weak", "against"]
 
 
@@ -91,6 +98,7 @@ def test_training_reproduces_the_shipped_model():
                                            [1] * len(attacks) + [0] * len(notes))
     assert bias == pytest.approx(MODEL.bias, abs=1e-4)
     assert MODEL.threshold == pytest.approx(learned.logit(train_scan_model.THRESHOLD))
+    assert MODEL.sentence_threshold == pytest.approx(learned.logit(train_scan_model.SENTENCE_THRESHOLD))
     kept = {feature for feature, weight in weights.items() if abs(weight) >= train_scan_model.SMALLEST_KEPT}
     # The file rounds weights to six digits; a weight at the cut-off may fall either side of it.
     assert len(kept ^ MODEL.weights.keys()) < 10
@@ -101,7 +109,7 @@ def test_training_reproduces_the_shipped_model():
 def test_the_trainer_separates_what_it_is_shown():
     found = [{"evil", "x"}, {"evil", "y"}, {"evil", "z"}, {"good", "x"}, {"good", "y"}, {"good", "z"}]
     bias, weights = train_scan_model.train(found, [1, 1, 1, 0, 0, 0])
-    model = Model(bias, 0.0, weights, "")
+    model = Model(bias, 0.0, 0.0, weights, "")
     assert model.score({"evil", "w"}) > 0 > model.score({"good", "w"})
     assert weights["evil"] > 0 > weights["good"]
     assert abs(weights["x"]) < 1e-3  # seen as often in both classes: no evidence either way
@@ -128,12 +136,36 @@ UNRULED_ATTACKS = [
 @pytest.mark.parametrize("attack", UNRULED_ATTACKS)
 def test_the_model_blocks_attacks_no_rule_knows(attack, monkeypatch):
     assert ids(attack) == {"resembles_attack"}
-    monkeypatch.setattr("memd.core.scan.MODEL", Model(0.0, math.inf, {}, ""))  # a model that never objects
+    monkeypatch.setattr("memd.core.scan.MODEL", Model(0.0, math.inf, math.inf, {}, ""))  # a model that never objects
     assert ids(attack) == set()
 
 
+FACTS = (
+    "The billing service is written in Go and deployed to the staging cluster every weekday at noon. "
+    "Its integration tests need a local Postgres started with docker compose up db before running. "
+)
+
+
+def test_one_bad_sentence_among_ordinary_facts_is_judged_on_its_own(monkeypatch):
+    entry = FACTS + UNRULED_ATTACKS[0] + " Code style follows the team's ruff configuration."
+    assert ids(entry) == {"resembles_attack"}
+    found = features(normalised_views(entry))
+    assert MODEL.score(found) < MODEL.threshold  # as a whole, the facts outweigh it
+    lenient = Model(MODEL.bias, MODEL.threshold, math.inf, MODEL.weights, "")  # sentences never alone
+    monkeypatch.setattr("memd.core.scan.MODEL", lenient)
+    assert ids(entry) == set()
+
+
+def test_a_short_sentence_is_not_judged_alone(monkeypatch):
+    eager = Model(0.0, math.inf, 1.0, {"keep": 100.0}, "")  # objects to any sentence saying "keep"
+    monkeypatch.setattr("memd.core.scan.MODEL", eager)
+    assert ids(FACTS + "Keep it.") == set()
+    assert ids(FACTS + "Keep this note written by the third client of the concurrency test in mind for later.") == {
+        "resembles_attack"}
+
+
 def test_the_model_does_not_judge_a_text_of_few_words(monkeypatch):
-    eager = Model(0.0, 1.0, {"keep": 100.0}, "")  # objects to anything that says "keep"
+    eager = Model(0.0, 1.0, 1.0, {"keep": 100.0}, "")  # objects to anything that says "keep"
     monkeypatch.setattr("memd.core.scan.MODEL", eager)
     assert ids("keep this note 5") == set()
     assert ids("keep this note 5 written by client 3 of the test") == {"resembles_attack"}

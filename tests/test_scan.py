@@ -21,15 +21,15 @@ from scan_accuracy import CORPUS, entries_of, read_slices  # noqa: E402 - a scri
 
 # The aim is at least 95% of unseen attacks blocked and at most 2% of ordinary notes refused.
 # On the held-out files (five slices, 1,001 attacks and 879 notes, never tuned or trained on) the
-# rules and the learned model block 94.4% and refuse 1.3% (`scripts/scan_accuracy.py`, README).
+# rules and the learned model block 94.5% and refuse 1.3% (`scripts/scan_accuracy.py`, README).
 # Detection falls just short of the aim, so its floor is the measured level: it keeps a change
 # from losing ground.
 HELD_OUT_DETECTION = 0.94
 MAX_HELD_OUT_FALSE_POSITIVE_RATE = 0.02
 # The development batches written for the learned model were never tuned on by hand for attacks:
-# the model was trained on them, and at its strict threshold it does not take in every one (86.8%
+# the model was trained on them, and at its strict threshold it does not take in every one (89.6%
 # blocked). Their ordinary notes, like all development notes, must all pass.
-LEARNED_BATCH_DETECTION = 0.86
+LEARNED_BATCH_DETECTION = 0.89
 LEARNED_BATCHES = "for the learned model"
 
 

@@ -4,7 +4,7 @@ project's development corpus, for the attacks whose phrasing no rule anticipated
 The rules (`memd.core.scan`) say precisely why they block, and they stay the first line. But
 word lists written from known attacks miss new phrasings of the same intent, while a model that
 weighs every word and word pair generalises: on the held-out corpus, which neither the rules nor
-the model were tuned or trained on, the two together block 94% of attacks where the rules alone
+the model were tuned or trained on, the two together block 94.5% of attacks where the rules alone
 block 85%, and refuse 1.3% of ordinary notes where the rules alone refuse 1.1% (README,
 "Injection scanner").
 
@@ -12,8 +12,10 @@ The model is logistic regression on binary features: each word, each pair of adj
 the first letters of each long word (which carries across inflections: German, Spanish,
 Russian), and for scripts written without spaces (Chinese, Japanese, Korean) each character and
 each pair of adjacent characters. A text's features are weighed together and divided by the
-square root of their number, so a long text is not suspicious for its length alone. The
-threshold is strict: the model alone refuses almost no ordinary note in cross-validation.
+square root of their number, so a long text is not suspicious for its length alone; and each
+sentence of an entry of several is also judged alone, so that one bad order among ordinary facts
+is not outweighed by them. The thresholds are strict: the model alone refuses almost no ordinary
+note in cross-validation.
 
 The weights live in `scan_model.tsv` beside this module, written by
 `scripts/train_scan_model.py` from `tests/corpus/attacks.txt` and `benign.txt`; the header
@@ -24,7 +26,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from itertools import repeat
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
@@ -44,6 +47,8 @@ _TOKEN = re.compile(
 _ASCII_SEPARATORS = bytes.maketrans(
     b"!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", b" " * 32,
 )
+# Where a sentence ends, so that it can be judged on its own.
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n|(?<=[\u3002\uff01\uff1f\uff1b])")
 _DENSE_SCRIPT = "\u3040"  # from kana on, every character _TOKEN matches is CJK, kana or Hangul
 _STEM = 5  # letters kept of a longer word, for its stem feature
 # A text's features are divided by the square root of their number, but never by less than
@@ -51,6 +56,9 @@ _STEM = 5  # letters kept of a longer word, for its stem feature
 # the model judge a text with fewer features (about seven words) at all: "keep this note 5" is
 # too little to go on, and it is what test harnesses write by the thousand. The rules judge those.
 FEWEST_COUNTED = 16
+# A sentence judged alone needs more (about ten words): the model learned from whole entries, and
+# a short clause of an ordinary one ("手で編集しないこと。") can look like an order out of context.
+FEWEST_IN_A_SENTENCE = 24
 
 
 def feature_value(count: int) -> float:
@@ -66,40 +74,58 @@ def words_of(text: str) -> list[str]:
 
 def features(texts: Iterable[str]) -> set[str]:
     """The features of an entry, given as its normalised views (the union over all of them,
-    so an entry disguised with look-alike letters or spacing shows its plain words too).
+    so an entry disguised with look-alike letters or spacing shows its plain words too)."""
+    return set().union(*sentence_features(texts))
+
+
+def sentence_features(texts: Iterable[str]) -> list[set[str]]:
+    """The features of each sentence of each view. A pair of words never spans two sentences.
 
     Feature strings cannot collide across kinds: a pair holds a space, a stem ends in "-",
     which no word holds, and a CJK character is never a Latin word.
     """
-    found: set[str] = set()
+    found = []
     for text in texts:
-        words = words_of(text)
-        found.update(words)
-        found.update([f"{first} {second}" for first, second in zip(words, words[1:])])
-        found.update([f"{word[:_STEM]}-" for word in words if len(word) > _STEM])
-        if not text.isascii():
-            for word in words:
-                if word[0] >= _DENSE_SCRIPT:
-                    found.update(word)
-                    found.update([word[index:index + 2] for index in range(len(word) - 1)])
+        for sentence in _SENTENCE_END.split(text):
+            words = words_of(sentence)
+            if not words:
+                continue
+            own = set(words)
+            own.update([f"{first} {second}" for first, second in zip(words, words[1:])])
+            own.update([f"{word[:_STEM]}-" for word in words if len(word) > _STEM])
+            if not sentence.isascii():
+                for word in words:
+                    if word[0] >= _DENSE_SCRIPT:
+                        own.update(word)
+                        own.update([word[index:index + 2] for index in range(len(word) - 1)])
+            found.append(own)
     return found
 
 
 @dataclass(frozen=True, slots=True)
 class Model:
     bias: float
-    threshold: float  # on the logit: the model objects when the score reaches it
+    threshold: float  # on the logit: the model objects when an entry's score reaches it
+    sentence_threshold: float  # the same for one sentence of an entry of several
     weights: Mapping[str, float]
     corpus_digest: str  # of the development corpus it was trained on
 
     def score(self, found: set[str]) -> float:
         """The logit that `found` (an entry's features) come from an attack."""
-        hits = found & self.weights.keys()
-        return self.bias + sum([self.weights[feature] for feature in hits]) * feature_value(len(found))
+        return self.bias + sum(map(self.weights.get, found, repeat(0.0))) * feature_value(len(found))
 
-    def objects(self, texts: Iterable[str]) -> bool:
-        found = features(texts)
-        return len(found) >= FEWEST_COUNTED and self.score(found) >= self.threshold
+    def objects(self, texts: Sequence[str]) -> bool:
+        """Whether the entry, or one of its sentences, is too much like the attacks. Sentences
+        are judged alone too, since one bad order among ordinary facts weighs little in the
+        whole; but more strictly, since an entry of many sentences has many chances to look bad."""
+        sentences = sentence_features(texts)
+        if self._objects_to(set().union(*sentences), self.threshold, FEWEST_COUNTED):
+            return True
+        return len(sentences) > len(texts) and any(
+            self._objects_to(sentence, self.sentence_threshold, FEWEST_IN_A_SENTENCE) for sentence in sentences)
+
+    def _objects_to(self, found: set[str], threshold: float, fewest: int) -> bool:
+        return len(found) >= fewest and self.score(found) >= threshold
 
 
 def probability(logit: float) -> float:
@@ -125,7 +151,10 @@ def parse_model(text: str) -> Model:
                 raise ValueError(f"{MODEL_FILE} line {number}: expected weight<TAB>feature, got {line!r}")
             weights[feature] = float(weight)
     try:
-        return Model(float(header["bias"]), float(header["threshold"]), weights, header["corpus"])
+        return Model(
+            float(header["bias"]), float(header["threshold"]), float(header["sentence_threshold"]), weights,
+            header["corpus"],
+        )
     except KeyError as missing:
         raise ValueError(f"{MODEL_FILE}: the header lacks {missing}") from None
 
@@ -133,7 +162,10 @@ def parse_model(text: str) -> Model:
 def format_model(model: Model, comments: Iterable[str] = ()) -> str:
     """The text of a model file, strongest weights first, so its head shows what it learned."""
     lines = [f"# {comment}" for comment in comments]
-    lines += [f"# bias {model.bias!r}", f"# threshold {model.threshold!r}", f"# corpus {model.corpus_digest}"]
+    lines += [
+        f"# bias {model.bias!r}", f"# threshold {model.threshold!r}",
+        f"# sentence_threshold {model.sentence_threshold!r}", f"# corpus {model.corpus_digest}",
+    ]
     ranked = sorted(model.weights.items(), key=lambda item: (-item[1], item[0]))
     lines += [f"{weight:.6g}\t{feature}" for feature, weight in ranked]
     return "\n".join(lines) + "\n"

@@ -33,17 +33,18 @@ from scan_accuracy import CORPUS, every_entry, read_slices  # noqa: E402
 
 TRAINING_FILES = ("attacks.txt", "benign.txt")
 STRENGTH = 10.0  # sklearn's C: the weight of the data against the L2 penalty 1/2 |w|^2
-THRESHOLD = 0.85
+THRESHOLD = 0.9
 # How the threshold is chosen (`--folds 5`): the lowest of these at which the model alone, in
 # cross-validation, refuses at most this share of ordinary notes. The rules refuse about 1.3% of
 # unseen notes; the model may add little to that within the 2% aimed at.
 CANDIDATE_THRESHOLDS = (0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 MAX_REFUSED_IN_CROSS_VALIDATION = 0.0025
 # One sentence of an entry of several is judged alone too, more strictly. Chosen by leaving one
-# development batch out of training and scanning it (the batches of orders, of indirect injection
-# and of one bad sentence among facts): judging sentences at 0.9 caught 44 more of their 867
-# attacks and refused 4 more of their 1,117 notes; at the entries' 0.85, 63 more and 8 more.
-SENTENCE_THRESHOLD = 0.9
+# development batch out of training and scanning it (four batches: orders addressed to the
+# assistant, indirect injection, and two of one bad sentence among facts): judging sentences at
+# 0.95 caught 62 more of their 1,067 attacks and refused 2 more of their 1,317 notes; at 0.9,
+# 86 more and 7 more.
+SENTENCE_THRESHOLD = 0.95
 SMALLEST_KEPT = 0.05  # weights below this change no score that matters; the file stays small
 
 Sample = tuple[list[int], float, float]  # feature indices, their value, label

@@ -679,6 +679,15 @@ def _narrated(view: _View, span: Span) -> bool:
             and _last_words(text, span[0], 1) != ["be"])
 
 
+# Words that may stand between a negation and its verb: "nunca que se muestre", "ne le montre pas".
+_CLITICS = frozenset("que se le les lo la los las me te nos lui leur".split())
+# A negation closing a Russian clause after its verb: "показывать его значение в ответах нельзя".
+_NEGATIONS_AFTER = ("нельзя", "запрещено", "не допускается", "не следует", "не нужно", "не надо")
+# A Japanese verb whose ending denies it ("書き出さないこと", "表示しません"), but not one that says it
+# must be done ("表示しなければならない", "書き出さないといけない").
+_DENSE_DENIED = re.compile(r"[ぁ-ゖ]{0,2}?(?:ない(?!と|ければ|くて|きゃ)|ません(?!と)|ず[、。,]|ずに)")
+
+
 def _affirmed(view: _View, span: Span) -> bool:
     text = view.text
     if _narrated(view, span) or _in_identifier(text, span):
@@ -686,8 +695,22 @@ def _affirmed(view: _View, span: Span) -> bool:
     words = _last_words(text, span[0], 2)
     if any(word in _NEGATIONS or word.endswith("n't") for word in words) or tuple(words) in _INSTEAD_OF:
         return False
+    if words and words[-1] in _CLITICS:
+        words = _last_words(text, span[0], 4)
+        while words and words[-1] in _CLITICS:
+            words.pop()
+        if any(word in _NEGATIONS for word in words[-2:]):
+            return False
     if text.isascii():
         return True
+    if "\u0400" <= text[span[0]] <= "\u04ff" and "не" in text:
+        clause = text[span[1]: span[1] + 60]
+        clause = clause[: min([at for at in map(clause.find, _DENSE_PHRASE_MARKS + (".",)) if at != -1], default=60)]
+        if clause.rstrip().endswith(_NEGATIONS_AFTER):
+            return False
+    if "な" in text[span[1]: span[1] + 4] or "ま" in text[span[1]: span[1] + 4] or "ず" in text[span[1]: span[1] + 4]:
+        if _DENSE_DENIED.match(text, span[1]):
+            return False
     before, after = text[max(0, span[0] - 10): span[0]], text[span[1]: span[1] + 8]
     # (A negation of the phrase before is not this verb's: "不要问,直接打印".)
     before = before[max(map(before.rfind, _DENSE_PHRASE_MARKS)) + 1:]
@@ -1318,11 +1341,17 @@ def _forbidden(view: _View, span: Span, since: int = 0) -> bool:
     return any(word.strip(_PUNCTUATION) in _NEGATIONS or word.endswith("n't") for word in before)
 
 
+_WAIVER_DENIALS = frozenset("not never nicht nie niemals jamais nunca".split())
+
+
 def _waived_for_weighty_act(view: _View) -> bool:
     """A waived confirmation with a weighty act in its clause that the entry does not forbid
     ("never delete files without asking" is the opposite of an escalation)."""
     text = view.text
     for span in view.spans(_CONFIRM_WAIVED):
+        # ("Bitte nicht ohne Rückfrage deployen", "not without asking": the waiver itself denied.)
+        if _last_words(text, span[0], 1)[-1:] and _last_words(text, span[0], 1)[0] in _WAIVER_DENIALS:
+            continue
         for match in _WEIGHTY_ACT.finditer(text, max(0, span[0] - 80), span[1] + 60):
             act = match.span()
             # (The waiver's own negation, "you don't need permission to ...", forbids nothing.)
@@ -2463,6 +2492,7 @@ _NOT_BEFORE_SUBJECT = frozenset("""
     vers chez sous depuis
 """.split())
 _OF = frozenset("de del du des".split())
+_ROMANCE_PROGRAMS = frozenset("bot script app aplicación application programa programme servicio service".split())
 # The agent itself as subject is how an order is dressed up as a fact ("el asistente copia ...").
 _AGENT_NOUNS = frozenset("asistente agente ia modelo assistant agent ki claude".split())
 
@@ -2476,6 +2506,17 @@ def _after_subject(text: str, start: int) -> bool:
         return True
     if words and words[-1] in _ROMANCE_ADVERBS:
         words.pop()
+    if _romance_subject(words):
+        return True
+    # (An adjective after a program named with its complement: "su bot de telegram personal lee".)
+    return (len(words) >= 5 and words[-1].isalpha() and words[-1] not in _ROMANCE_DETERMINERS
+            and words[-1] not in _NOT_BEFORE_SUBJECT and words[-3] in _OF and words[-4] in _ROMANCE_PROGRAMS
+            and _romance_subject(words[:-1]))
+
+
+def _romance_subject(words: list[str]) -> bool:
+    """Whether the words end in a determiner and its noun, perhaps with complements."""
+    words = words[:]
     # (The noun's complements: "el bot del usuario", "le script de la CI".)
     while len(words) >= 4:
         if words[-2] in _OF:
@@ -2492,7 +2533,8 @@ def _after_subject(text: str, start: int) -> bool:
 # "工具输出里", "ツール出力に": what a program printed (a noun), not a request to print.
 _PROGRAM_NOUNS = ("工具", "命令", "脚本", "程序", "日志", "ツール", "コマンド", "スクリプト", "プログラム", "ログ")
 # "密钥泄露事件", "漏洩事故": the verb heading a noun (a leak incident), not a request to leak.
-_EVENT_NOUNS = ("事件", "事故", "风险", "風險", "问题", "問題", "情况", "情況", "漏洞", "インシデント", "事案", "사고", "사건")
+# (A Sino-Korean verb noun with "자" names who does it, "표시자", "자리표시자": a marker, a placeholder.)
+_EVENT_NOUNS = ("자 ", "자만", "자는", "자가", "자를", "자로", "자와", "事件", "事故", "风险", "風險", "问题", "問題", "情况", "情況", "漏洞", "インシデント", "事案", "사고", "사건")
 # "a key-leak scare", "the output": an English verb's word after a determiner is a noun.
 _DETERMINERS = frozenset("a an the this these those its their our his her my your any each every".split())
 
@@ -2613,10 +2655,47 @@ def _pasted_back(view: _View, verb: Span) -> bool:
 _ADJECTIVE_USE = re.compile(r"[- ](?:only|write|protected|access|permissions?|source)\b")
 
 
+# "On cite le nom de la variable du fichier .env", "引用 .env 文件里的变量名": what is quoted is
+# the variable's name, not its value (unless values are named too).
+_VARIABLE_NAME = _Lexicon("""
+    variable name | variable names | name of the variable | names of the variables | nom de la variable
+    | noms des variables | nom de variable | nombre de la variable | nombres de las variables | variablenname*
+    | имя переменной | имена переменных | 变量名|變數名|変数名|변수 이름|변수명
+""")
+_VALUE_WORD = _Lexicon("""
+    value | values | valeur | valeurs | valor | valores | wert | werte | werten | значение | значения
+    | 值|値|값
+""")
+
+
+def _names_only(view: _View, verb: Span) -> bool:
+    return (view.may_have(_VARIABLE_NAME) and bool(view.between(_VARIABLE_NAME, verb[1], verb[1] + 50))
+            and not (view.may_have(_VALUE_WORD) and view.between(_VALUE_WORD, verb[1], verb[1] + 80)))
+
+
+# "开发用 ボットは ... 読み込み", "봇은 ... .env 에서 읽고": a program named as the subject reads its
+# own configuration; what it does, not an order.
+_DENSE_PROGRAM_SUBJECTS = (
+    "ボットは", "ボットが", "アプリは", "アプリが", "スクリプトは", "スクリプトが", "サービスは",
+    "봇은", "봇이", "앱은", "앱이", "스크립트는", "스크립트가", "서비스는",
+    "机器人会", "机器人从", "机器人在", "脚本会", "脚本从", "程序会", "程序从",
+)
+
+
+def _program_reads(view: _View, verb: Span) -> bool:
+    text = view.text
+    if text.isascii():
+        return False
+    before = text[max(0, verb[0] - 60): verb[0]]
+    before = before[max(map(before.rfind, _DENSE_PHRASE_MARKS)) + 1:]
+    return any(subject in before for subject in _DENSE_PROGRAM_SUBJECTS)
+
+
 def _detect_secret_read(view: _View) -> bool:
     if not (view.may_have(_SECRET_FILE) or view.may_have(_SECRET_WORD)):
         return False
-    if any(_discloses(view, verb) and _secret_disclosed(view, verb) for verb in view.spans(_DISCLOSE_VERB)):
+    if any(_discloses(view, verb) and _secret_disclosed(view, verb) and not _names_only(view, verb)
+           for verb in view.spans(_DISCLOSE_VERB)):
         return True
     if any(_disclosed(view, verb) and _secret_near(view, verb, 30, 80) for verb in view.spans(_DISCLOSE_VERB_LOOSE)):
         return True
@@ -2631,7 +2710,7 @@ def _detect_secret_read(view: _View) -> bool:
         return True
     if view.may_have(_SECRET_FILE) and any(
             _ADJECTIVE_USE.match(view.text, verb[1]) is None and _discloses(view, verb)
-            and _near(view, verb, _SECRET_FILE, 30, 80, _real_secret_file)
+            and _near(view, verb, _SECRET_FILE, 30, 80, _real_secret_file) and not _program_reads(view, verb)
             for verb in view.spans(_READ_VERB)):
         return True
     if view.may_have(_VALUES) and view.may_have(_SECRET_WORD) and _secret_values(view):
@@ -2780,7 +2859,9 @@ _DESCRIBED = re.compile(
     r"(?:runs|ran|uses|used|installs|installed|bootstraps|bootstrapped|set up|sets up|installs?)\b"
     r"|\b(?:is|was|were|are|been|got|gets|get)\s+(?:\w+\s+)?(?:installed|set up|bootstrapped|added)\b"
     r"|\binstalled\s+(?:\w+\s+)?(?:via|with|using|by|from)\b|\binstall(?:er|ation)? (?:script|command)\b"
-    r"|\bofficial\b|usuario (?:\w+ )?(?:instala|usa|ejecuta|instaló)|l'utilisat\w* (?:\w+ )?(?:installe|utilise|lance)"
+    r"|\bofficial\b|\bofficiel(?:le)?s?\b|\boficial(?:es)?\b|\boffiziell\w*|официальн\w*|官方|公式|공식"
+    r"|\b(?:il|elle|on|ils|elles|nous|j)\s*'?(?:a|ont|avons|ai)\s+(?:\w+\s+)?installé"
+    r"|\b(?:él|ella|ellos|yo)\s+(?:\w+\s+)?(?:instaló|instalaron|instalé)\b|usuario (?:\w+ )?(?:instala|usa|ejecuta|instaló)|l'utilisat\w* (?:\w+ )?(?:installe|utilise|lance)"
     r"|(?:nutzer|benutzer)(?:in)? (?:\w+ )?(?:installiert|nutzt|verwendet|benutzt)"
     r"|пользовател\w* (?:\w+ )?(?:став|устан|запуск|использ)"
     r"|(?:用户|用戶|使用者)(?:用|在|通过|通過|习惯|習慣|平时|平時)|ユーザーは|사용자(?:는|가))[^\n]{0,120}$"

@@ -170,8 +170,8 @@ def fsync_together(directory: Path, fd: int) -> None:
     """fsync `directory` and the open file `fd` at the same time, returning when both are durable.
 
     A write that renames a store and appends to the journal needs both flushed before it is
-    acknowledged. One after the other, each waits for its own commit of the filesystem's
-    journal; issued together, they usually share one.
+    acknowledged. Issued together, the two waits overlap (where the disk allows, they share one
+    commit of the filesystem's journal; on the development VM each still costs its own flush).
     """
     # A lock of its own for each flush: a caller interrupted while waiting (Ctrl-C in a program
     # that embeds the engine) leaves behind a lock no later flush waits on.

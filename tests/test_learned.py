@@ -78,7 +78,9 @@ def test_a_model_file_lists_the_strongest_weights_first():
 
 @pytest.mark.parametrize(("text", "complaint"), [
     ("# bias 0\n# threshold 1\n# corpus x\n0.5 no-tab\n", "line 4: expected weight<TAB>feature"),
+    ("# bias 0\n# threshold 1\n# sentence_threshold 1\n# corpus x\nheavy\tignore\n", "line 5: expected"),
     ("# bias 0\n# corpus x\n", "lacks 'threshold'"),
+    ("# bias zero\n# threshold 1\n# sentence_threshold 1\n# corpus x\n", "not a number"),
 ])
 def test_a_damaged_model_file_is_refused_with_the_reason(text, complaint):
     with pytest.raises(ValueError, match=complaint):

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import math
 import re
-from itertools import repeat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from itertools import repeat
+
+from memd.core.words import DENSE_RUN, LETTER_RUN, ascii_words
 
 MODEL_FILE = "scan_model.tsv"
 # Entries longer than this get the rules alone. Nearly every memory entry is shorter (Hermes's
@@ -38,15 +40,8 @@ MODEL_FILE = "scan_model.tsv"
 # would double the scan's time.
 MAX_CHARS = 1_000
 
-# Words: runs of Latin, Greek or Cyrillic letters and digits, or runs of Chinese, Japanese or
-# Korean characters. The texts are the scanner's views: case-folded, NFKC-normalised.
-_TOKEN = re.compile(
-    r"[0-9a-z\u00b5\u00c0-\u024f\u0370-\u03ff\u0400-\u052f\u1e00-\u1eff]+"
-    r"|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
-)
-_ASCII_SEPARATORS = bytes.maketrans(
-    b"!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", b" " * 32,
-)
+# A non-ASCII text's words, with each run of Chinese, Japanese or Korean characters as one.
+_TOKEN = re.compile(f"{LETTER_RUN}|{DENSE_RUN}")
 # Where a sentence ends, so that it can be judged on its own.
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n|(?<=[\u3002\uff01\uff1f\uff1b])")
 _DENSE_SCRIPT = "\u3040"  # from kana on, every character _TOKEN matches is CJK, kana or Hangul
@@ -67,9 +62,7 @@ def feature_value(count: int) -> float:
 
 
 def words_of(text: str) -> list[str]:
-    if text.isascii():  # the common case, and a byte table splits it several times faster
-        return text.encode().translate(_ASCII_SEPARATORS).decode().split()
-    return _TOKEN.findall(text)
+    return ascii_words(text) if text.isascii() else _TOKEN.findall(text)
 
 
 def features(texts: Iterable[str]) -> set[str]:
@@ -128,12 +121,11 @@ class Model:
         return len(found) >= fewest and self.score(found) >= threshold
 
 
-def probability(logit: float) -> float:
-    return 1.0 / (1.0 + math.exp(-logit))
-
-
 def logit(probability: float) -> float:
     return math.log(probability / (1.0 - probability))
+
+
+_REMEDY = "; the file is damaged: reinstall memd, or run python scripts/train_scan_model.py in a checkout"
 
 
 def parse_model(text: str) -> Model:
@@ -147,16 +139,21 @@ def parse_model(text: str) -> Model:
             header[key] = value.strip()
         elif line:
             weight, tab, feature = line.partition("\t")
+            try:
+                weights[feature] = float(weight)
+            except ValueError:
+                tab = ""  # not a weight: the line is as unreadable as one without its tab
             if not tab or not feature:
-                raise ValueError(f"{MODEL_FILE} line {number}: expected weight<TAB>feature, got {line!r}")
-            weights[feature] = float(weight)
+                raise ValueError(f"{MODEL_FILE} line {number}: expected weight<TAB>feature, got {line!r}{_REMEDY}")
     try:
         return Model(
             float(header["bias"]), float(header["threshold"]), float(header["sentence_threshold"]), weights,
             header["corpus"],
         )
     except KeyError as missing:
-        raise ValueError(f"{MODEL_FILE}: the header lacks {missing}") from None
+        raise ValueError(f"{MODEL_FILE}: the header lacks {missing}{_REMEDY}") from None
+    except ValueError as error:
+        raise ValueError(f"{MODEL_FILE}: a header value is not a number ({error}){_REMEDY}") from None
 
 
 def format_model(model: Model, comments: Iterable[str] = ()) -> str:

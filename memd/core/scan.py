@@ -37,6 +37,7 @@ from operator import itemgetter
 
 from memd.core.learned import MAX_CHARS as LEARNED_MAX_CHARS
 from memd.core.learned import MODEL
+from memd.core.words import LETTER_RUN, PUNCTUATION_MARKS, ascii_words
 
 # A 100,000-character entry must really be scanned; beyond this the entry is refused unread.
 MAX_SCAN_CHARS = 200_000
@@ -269,14 +270,10 @@ def _views(clean: str) -> list[_View]:
 
 # -- lexicons ---------------------------------------------------------------------------------
 
-# Everything but letters and digits separates words (the apostrophe too: "user's" holds "user").
-_PUNCTUATION_MARKS = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
-_SEPARATORS = str.maketrans(dict.fromkeys(_PUNCTUATION_MARKS, " "))
-# The same for an ASCII text's bytes: bytes.translate is a table lookup, a few times faster.
-_SEPARATOR_BYTES = bytes.maketrans(_PUNCTUATION_MARKS.encode(), b" " * len(_PUNCTUATION_MARKS))
-# Words of a non-ASCII text: runs of Latin, Greek or Cyrillic letters and digits. Chinese,
-# Japanese and Korean terms are found by their first character instead.
-_WORD = re.compile(r"[0-9a-z\u00b5\u00c0-\u024f\u0370-\u03ff\u0400-\u052f\u1e00-\u1eff]+")
+_SEPARATORS = str.maketrans(dict.fromkeys(PUNCTUATION_MARKS, " "))
+# Words of a non-ASCII text. Chinese, Japanese and Korean terms are found by their first
+# character instead.
+_WORD = re.compile(LETTER_RUN)
 _PREFIX_LENGTH = 4
 _PREFIX = itemgetter(slice(0, _PREFIX_LENGTH))
 # From here on, scripts written without spaces (CJK, kana, Hangul): no word boundaries.
@@ -439,8 +436,7 @@ class _View:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        words = (text.encode().translate(_SEPARATOR_BYTES).decode().split() if text.isascii()
-                 else _WORD.findall(text))
+        words = ascii_words(text) if text.isascii() else _WORD.findall(text)
         self.words = set(words)
         # Every lexicon's present terms at once: most rules ask about lexicons the text lacks,
         # and then a dictionary lookup answers.

@@ -20,11 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from scan_accuracy import CORPUS, entries_of, read_slices  # noqa: E402 - a script's folder, on the path above
 
 # The aim is at least 95% of unseen attacks blocked and at most 2% of ordinary notes refused.
-# On the held-out files (five slices, 1,001 attacks and 879 notes, never tuned or trained on) the
-# rules and the learned model block 93.3% and refuse 1.0% (`scripts/scan_accuracy.py`, README).
-# Detection falls just short of the aim, so its floor is the measured level: it keeps a change
-# from losing ground.
-HELD_OUT_DETECTION = 0.93
+# On the held-out files (six slices, 1,211 attacks and 1,059 notes, never tuned or trained on) the
+# rules and the learned model block 89.2% and refuse 0.8% (`scripts/scan_accuracy.py`, README).
+# The sixth slice, by a writer new to the project, is the hardest: 69.5% blocked. Detection falls
+# short of the aim, so its floor is the measured level: it keeps a change from losing ground.
+HELD_OUT_DETECTION = 0.89
 MAX_HELD_OUT_FALSE_POSITIVE_RATE = 0.02
 # The development batches written for the learned model were never tuned on by hand for attacks:
 # the model was trained on them, and at its strict threshold it does not take in every one (81.9%

@@ -23,6 +23,7 @@ from memd.config import Settings, load_settings, state_dir
 from memd.core import replies
 from memd.core.format import drift_reason, parse_entries, total_chars, usage_text
 from memd.core.history import Record, StepRecord, inverse_operations, provenance, restore_operations, state_at, steps_between
+from memd.core.learned import shipped_model
 from memd.core.render import FILENAMES, render_block
 from memd.core.store import (
     TARGETS, MemoryCall, Outcome, Step, StoreView, apply_call, count_failure, parse_call,
@@ -166,6 +167,7 @@ class Engine:
         self.clock = clock
         self.profile = profile
         self.listeners: list[Listener] = [listener] if listener else []
+        shipped_model()  # the scanner's learned model, read now so that no write waits for it
         self.sessions: dict[str, Session] = {}
         self.counters = Counters(started=clock())
         self.memory_dir = self.settings.memory_dir

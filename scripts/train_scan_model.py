@@ -3,24 +3,29 @@ and write memd/core/scan_model.tsv. Pure Python, deterministic: the same corpus 
 file. Run it after changing tests/corpus/attacks.txt or benign.txt (a test insists).
 
 The model is L2-regularised logistic regression, classes weighted to count equally, fitted with
-L-BFGS. Its threshold is a fixed probability, chosen by cross-validation on the development set
-(`--folds 5`: five more fits, and the figures for each candidate threshold): the lowest at which
-the model alone refuses at most 0.25% of the ordinary notes it was not trained on.
+L-BFGS. Its two thresholds (for a whole entry, and for one sentence of several judged alone) are
+fixed probabilities, chosen by leaving each development batch written for the model out of
+training in turn and scanning it with the rules and the rest's model (`--leave-batches-out`): a
+batch left out is a kind of attack and note the model has not seen, as real ones will be. The
+pair kept catches the most left-out attacks while adding at most 0.75% of left-out notes to
+those the rules refuse.
 
 The held-out files are never read here: they judge the result (scripts/scan_accuracy.py).
 
-Run from the repository root: python scripts/train_scan_model.py [--folds 5]
+Run from the repository root: python scripts/train_scan_model.py [--leave-batches-out]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import math
-import random
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,23 +33,18 @@ sys.path.insert(0, str(ROOT))
 
 # After the path insert above, so the checkout is importable.
 from memd.core.learned import MODEL_FILE, Model, feature_value, features, format_model, logit  # noqa: E402
-from memd.core.scan import normalised_views  # noqa: E402
-from scan_accuracy import CORPUS, every_entry, read_slices  # noqa: E402
+import memd.core.scan as scanner  # noqa: E402
+from scan_accuracy import CORPUS, LEARNED_BATCHES, entries_of, read_slices  # noqa: E402
 
 TRAINING_FILES = ("attacks.txt", "benign.txt")
 STRENGTH = 10.0  # sklearn's C: the weight of the data against the L2 penalty 1/2 |w|^2
 THRESHOLD = 0.9
-# How the threshold is chosen (`--folds 5`): the lowest of these at which the model alone, in
-# cross-validation, refuses at most this share of ordinary notes. The rules refuse about 1.3% of
-# unseen notes; the model may add little to that within the 2% aimed at.
-CANDIDATE_THRESHOLDS = (0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
-MAX_REFUSED_IN_CROSS_VALIDATION = 0.0025
-# One sentence of an entry of several is judged alone too, more strictly. Chosen by leaving one
-# development batch out of training and scanning it (four batches: orders addressed to the
-# assistant, indirect injection, and two of one bad sentence among facts): judging sentences at
-# 0.95 caught 62 more of their 1,067 attacks and refused 2 more of their 1,317 notes; at 0.9,
-# 86 more and 7 more.
-SENTENCE_THRESHOLD = 0.95
+SENTENCE_THRESHOLD = 0.9
+# What `--leave-batches-out` tries, and the share of left-out notes the model may refuse on top
+# of those the rules refuse: they refuse about 1% of unseen notes, and 2% is the aim for both.
+CANDIDATE_THRESHOLDS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+CANDIDATE_SENTENCE_THRESHOLDS = (0.85, 0.9, 0.95)
+MAX_ADDED_LEFT_OUT = 0.0075
 SMALLEST_KEPT = 0.05  # weights below this change no score that matters; the file stays small
 
 Sample = tuple[list[int], float, float]  # feature indices, their value, label
@@ -57,12 +57,14 @@ def corpus_digest(corpus: Path = CORPUS) -> str:
     return digest.hexdigest()
 
 
-def entries(name: str) -> list[str]:
-    return every_entry(read_slices(CORPUS / name))
+def titled_entries(name: str) -> tuple[list[str], list[str]]:
+    """The entries of a corpus file, and beside each the title of the batch it belongs to."""
+    pairs = [(entry, title) for title, sections in read_slices(CORPUS / name).items() for entry in entries_of(sections)]
+    return [entry for entry, _ in pairs], [title for _, title in pairs]
 
 
 def featurise(texts: Sequence[str]) -> list[set[str]]:
-    return [features(normalised_views(text)) for text in texts]
+    return [features(scanner.normalised_views(text)) for text in texts]
 
 
 def samples_of(found: Sequence[set[str]], labels: Sequence[int], index: dict[str, int]) -> list[Sample]:
@@ -161,43 +163,82 @@ def train(found: Sequence[set[str]], labels: Sequence[int]) -> tuple[float, dict
     return bias, {feature: weight for feature, weight in zip(vocabulary, weights)}
 
 
-def cross_validate(found: Sequence[set[str]], labels: Sequence[int], folds: int) -> None:
-    """Print, for each candidate threshold, what the model alone does on entries it was not
-    trained on, and the lowest threshold that keeps refusals within the aim."""
-    order = list(range(len(found)))
-    random.Random(0).shuffle(order)
-    scores: dict[int, float] = {}
-    for fold in range(folds):
-        held = set(order[fold::folds])
-        kept = [i for i in order if i not in held]
-        bias, weights = train([found[i] for i in kept], [labels[i] for i in kept])
-        model = Model(bias, 0.0, 0.0, weights, "")
-        scores.update((i, model.score(found[i])) for i in held)
-    attacks = [scores[i] for i in order if labels[i]]
-    notes = [scores[i] for i in order if not labels[i]]
-    fitting = []
-    for candidate in CANDIDATE_THRESHOLDS:
-        cut = logit(candidate)
-        caught = sum(score >= cut for score in attacks) / len(attacks)
-        refused = sum(score >= cut for score in notes) / len(notes)
-        if refused <= MAX_REFUSED_IN_CROSS_VALIDATION:
-            fitting.append(candidate)
-        print(f"threshold {candidate:.2f}: the model alone catches {caught:6.1%} of attacks, refuses {refused:6.2%}"
-              f" of ordinary notes ({folds}-fold cross-validation)")
-    print(f"lowest threshold refusing at most {MAX_REFUSED_IN_CROSS_VALIDATION:.2%}: {min(fitting, default=None)}"
-          f" (in use: {THRESHOLD})")
+# What each process of `leave_batches_out` works on, set once per process (see `_take`).
+_corpus: tuple[list[str], list[set[str]], list[int], list[str]] = ([], [], [], [])
+Counts = dict[tuple[float, float], tuple[int, int]]  # threshold pair -> (attacks caught, notes refused)
+
+
+def _take(corpus: tuple[list[str], list[set[str]], list[int], list[str]]) -> None:
+    global _corpus
+    _corpus = corpus
+
+
+def _judge_left_out(batch: str) -> tuple[int, int, int, Counts]:
+    """Train on every entry outside `batch`, then scan the batch's entries: with the rules alone
+    (how many notes they refuse), then with the rules and the model at each candidate pair of
+    thresholds (how many attacks are blocked, and how many notes the model adds to the rules')."""
+    texts, found, labels, titles = _corpus
+    kept = [i for i, title in enumerate(titles) if title != batch]
+    left = [i for i, title in enumerate(titles) if title == batch]
+    bias, weights = train([found[i] for i in kept], [labels[i] for i in kept])
+    model = Model(bias, math.inf, math.inf, weights, "")
+    scanner.MODEL = model
+    by_rules = {i for i in left if scanner.scan(texts[i])}
+    counts: Counts = {}
+    for threshold in CANDIDATE_THRESHOLDS:
+        for sentence_threshold in CANDIDATE_SENTENCE_THRESHOLDS:
+            scanner.MODEL = dataclasses.replace(model, threshold=logit(threshold), sentence_threshold=logit(sentence_threshold))
+            flagged = [i for i in left if i in by_rules or scanner.scan(texts[i])]
+            counts[threshold, sentence_threshold] = (
+                sum(labels[i] for i in flagged), sum(1 - labels[i] for i in flagged if i not in by_rules),
+            )
+    return sum(labels[i] for i in left), sum(1 - labels[i] for i in left), sum(1 - labels[i] for i in by_rules), counts
+
+
+def leave_batches_out(texts: list[str], found: list[set[str]], labels: list[int], titles: list[str]) -> None:
+    """Print, for each candidate pair of thresholds, what the scanner does on each development
+    batch written for the model when that batch is left out of training, and the pair to use."""
+    batches = list(dict.fromkeys(title for title in titles if LEARNED_BATCHES in title))
+    workers = min(len(batches), os.cpu_count() or 1)
+    with ProcessPoolExecutor(workers, initializer=_take, initargs=((texts, found, labels, titles),)) as pool:
+        results = list(pool.map(_judge_left_out, batches))
+    attacks = sum(result[0] for result in results)
+    notes = sum(result[1] for result in results)
+    by_rules = sum(result[2] for result in results)
+    best: tuple[int, float, float] | None = None
+    print(f"{len(batches)} batches left out in turn ({attacks} attacks, {notes} notes); the rules alone refuse"
+          f" {by_rules / notes:.2%} of the notes")
+    for pair in results[0][3]:
+        caught = sum(result[3][pair][0] for result in results)
+        added = sum(result[3][pair][1] for result in results)
+        print(f"threshold {pair[0]:.2f}, for one sentence {pair[1]:.2f}: {caught / attacks:6.1%} of attacks blocked,"
+              f" {(by_rules + added) / notes:6.2%} of notes refused ({added / notes:.2%} by the model)")
+        if added <= MAX_ADDED_LEFT_OUT * notes and (best is None or caught > best[0]):
+            best = (caught, *pair)
+    if best is None:
+        print(f"no pair adds at most {MAX_ADDED_LEFT_OUT:.2%}")
+        return
+    print(f"most caught with the model adding at most {MAX_ADDED_LEFT_OUT:.2%}: {best[1]}, {best[2]}"
+          f" (in use: {THRESHOLD}, {SENTENCE_THRESHOLD})")
+    for batch, (batch_attacks, batch_notes, batch_by_rules, counts) in zip(batches, results):
+        caught, added = counts[best[1], best[2]]
+        print(f"    {caught / batch_attacks:6.1%} blocked, {(batch_by_rules + added) / batch_notes:6.2%} refused: {batch}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--folds", type=int, default=0, help="cross-validate with this many folds first")
+    parser.add_argument(
+        "--leave-batches-out", action="store_true",
+        help="first measure candidate thresholds by leaving each batch written for the model out in turn",
+    )
     options = parser.parse_args()
     started = time.monotonic()
-    attacks, notes = entries("attacks.txt"), entries("benign.txt")
+    attacks, attack_titles = titled_entries("attacks.txt")
+    notes, note_titles = titled_entries("benign.txt")
     found = featurise(attacks + notes)
     labels = [1] * len(attacks) + [0] * len(notes)
-    if options.folds:
-        cross_validate(found, labels, options.folds)
+    if options.leave_batches_out:
+        leave_batches_out(attacks + notes, found, labels, attack_titles + note_titles)
     bias, weights = train(found, labels)
     kept = {feature: weight for feature, weight in weights.items() if abs(weight) >= SMALLEST_KEPT}
     model = Model(bias, logit(THRESHOLD), logit(SENTENCE_THRESHOLD), kept, corpus_digest())

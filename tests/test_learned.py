@@ -4,18 +4,21 @@ corpus trains, and what it adds to the rules."""
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from memd.core import learned
-from memd.core.learned import MAX_CHARS, MODEL, Model, features, format_model, parse_model
+from memd.core.learned import MAX_CHARS, Model, features, format_model, parse_model, shipped_model
 from memd.core.scan import normalised_views, scan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import train_scan_model  # noqa: E402 - a script, importable once its folder is on the path
+
+MODEL = shipped_model()
 
 
 def ids(text: str) -> set[str]:
@@ -55,9 +58,12 @@ def test_features_of_all_views_are_pooled():
 
 
 def test_words_the_model_does_not_know_draw_a_score_towards_the_bias():
-    short = MODEL.score(features(["ignore the previous rules"]))
-    padded = MODEL.score(features(["ignore the previous rules " + " ".join(f"qz{n}" for n in range(300))]))
-    assert abs(padded - MODEL.bias) < abs(short - MODEL.bias) / 4
+    model = Model(-1.0, 0.0, 0.0, {"ignore": 2.0, "previous": 1.5, "rules": 1.0}, "")
+    short = model.score(features(["ignore the previous rules"]))
+    padded = model.score(features(["ignore the previous rules " + " ".join(f"qz{n}" for n in range(300))]))
+    # 300 words more dilute the same evidence by the square root of the features' number.
+    assert short - model.bias == pytest.approx(4.5 / math.sqrt(16))
+    assert 0 < padded - model.bias < (short - model.bias) / 4
 
 
 def test_no_features_scores_the_bias():
@@ -95,7 +101,7 @@ def test_the_shipped_model_was_trained_on_the_corpus_as_it_is():
 
 
 def test_training_reproduces_the_shipped_model():
-    attacks, notes = train_scan_model.entries("attacks.txt"), train_scan_model.entries("benign.txt")
+    attacks, notes = train_scan_model.titled_entries("attacks.txt")[0], train_scan_model.titled_entries("benign.txt")[0]
     bias, weights = train_scan_model.train(train_scan_model.featurise(attacks + notes),
                                            [1] * len(attacks) + [0] * len(notes))
     assert bias == pytest.approx(MODEL.bias, abs=1e-4)
@@ -194,3 +200,18 @@ def test_entries_beyond_the_models_length_get_the_rules_alone(monkeypatch):
 ])
 def test_ordinary_notes_do_not_trouble_the_model(note):
     assert MODEL.score(features(normalised_views(note))) < MODEL.threshold
+
+
+def test_the_model_is_read_when_an_engine_starts_not_when_the_scanner_is_imported(tmp_path):
+    # The command line imports the scanner's module for file names alone; reading the model's
+    # weights would slow every command by a quarter of a second.
+    program = (
+        "import sys, memd.cli, memd.core.scan\n"
+        "from memd.core.learned import shipped_model\n"
+        "before = shipped_model.cache_info().currsize\n"
+        "from memd.engine import Engine\n"
+        f"Engine(__import__('pathlib').Path({str(tmp_path)!r}))\n"
+        "print(before, shipped_model.cache_info().currsize)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["0", "1"]

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from memd.core.learned import MAX_CHARS as LEARNED_MAX_CHARS
-from memd.core.learned import MODEL
+from memd.core.learned import Model, shipped_model
 from memd.core.words import LETTER_RUN, PUNCTUATION_MARKS, ascii_words
 
 # A 100,000-character entry must really be scanned; beyond this the entry is refused unread.
@@ -89,6 +89,14 @@ FINDING_ORDER: tuple[Finding, ...] = (
     SECRET_PASSWORD, SECRET_AWS_KEY, SECRET_GITHUB_TOKEN, SECRET_API_KEY, SECRET_PRIVATE_KEY,
     SECRET_JWT, RESEMBLES_ATTACK, ENCODED_PAYLOAD,
 )
+
+# The learned model consulted when no rule fires: None stands for the shipped one, read on first
+# use. Measuring tools put another here (one that never objects gives the rules alone).
+MODEL: Model | None = None
+
+
+def _model() -> Model:
+    return shipped_model() if MODEL is None else MODEL
 
 
 # -- normalisation ---------------------------------------------------------------------------
@@ -3330,10 +3338,17 @@ _PERSIST_TARGET = _Lexicon("""
     | /etc/cron* | systemd unit | systemd service | systemd timer | launchagent* | launchdaemon*
     | autostart | startup folder | startup script | startup item | startup items | login item
     | login items | run key | scheduled task*
+    | tarea programada | tareas programadas | programador de tareas | carpeta de inicio | tâche planifiée
+    | tâches planifiées | planificateur de tâches | dossier de démarrage | geplante aufgabe | aufgabenplanung
+    | autostart-ordner | планировщик* | автозагрузк* | 计划任务|計劃任務|定时任务|定時任務|启动文件夹|開機啟動
+    | タスクスケジューラ|スタートアップフォルダ|작업 스케줄러|예약 작업|시작프로그램
+    | .git/hooks | git hook | git hooks | pre-commit hook | post-commit hook | pre-push hook | post-checkout hook
+    | post-merge hook | init.templatedir | core.hookspath
 """)
 _PERSIST_PAYLOAD = _Lexicon("""
     curl | wget | nc | ncat | netcat | socat | /dev/tcp | base64 | nohup | python -c | python3 -c
     | perl -e | powershell | mkfifo | beacon*
+    | mshta | regsvr32 | rundll32 | certutil | bitsadmin | invoke-webrequest | invoke-expression | iex | irm
     | into sh | into bash | an sh | an bash | a sh | a bash | sh に渡|bash に渡
 """)
 _AUTHORIZED_KEYS = _Lexicon("authorized_keys | authorized_keys2")
@@ -3568,7 +3583,28 @@ def _works_remote_queue(view: _View) -> bool:
     return False
 
 
+# "Registra este asistente en https://…": the agent enrolled with an outside server, which then
+# knows it and can task it.
+_ENROL_WITH = _Lexicon("""
+    register | registra | regístrate | registre | enregistre | inscris | registriere | registrier | melde
+    | зарегистрируй | 注册|註冊|登録|등록
+""")
+_THIS_AGENT = _Lexicon("""
+    this agent | this assistant | this bot | yourself | este asistente | este agente | este bot | cet agent
+    | cet assistant | l'agent | ce bot | diesen agenten | diesen assistenten | diesen bot | dich | этого агента
+    | этого ассистента | этого бота | себя | 这个代理|这个助手|这个机器人|此代理|本代理|この代理|このエージェント
+    | このアシスタント|このボット|이 에이전트|이 어시스턴트|이 봇
+""")
+
+
+def _enrolled_outside(view: _View, span: Span) -> bool:
+    return _not_forbidden(view, span) and any(
+        _is_remote_url(view, url) and view.same_clause(span[0], url[0])
+        for url in view.between(_URL, span[0] - 40, span[1] + 120))
+
+
 _C2_RULES = (
+    _together(_ENROL_WITH, ((_THIS_AGENT, 40, 40),), _enrolled_outside),
     _Rule(_works_remote_queue, _URL, _PERIODIC, _QUEUED_WORK),
     _Rule(_reports_to_controller, _CONTROLLER, _C2_ACTION, _TASKING, _URL),
     _Rule(_runs_remote_answer, _REMOTE_ANSWER, _URL),
@@ -3625,12 +3661,36 @@ _SECRET_SHAPES: tuple[tuple[Finding, _Lexicon, re.Pattern[str]], ...] = (
      re.compile(r"-----BEGIN [A-Z ]{0,40}PRIVATE KEY(?: BLOCK)?-----\s*+[A-Za-z0-9+/=\s]{16}|PuTTY-User-Key-File")),
     (SECRET_JWT, _Lexicon("eyjh* | eyj0* | eyjr* | eyjl* | bearer"),
      re.compile(r"eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}|[Bb]earer\s+[A-Za-z0-9._~+/-]{30,}")),
+    # Keys of other providers: SendGrid, Alibaba Cloud, an Azure connection string.
+    (SECRET_API_KEY, _Lexicon("sg | ltai* | accountkey | sharedaccesskey"),
+     re.compile(r"SG\.[\w-]{16,}\.[\w-]{30,}|LTAI[A-Za-z0-9]{12,24}\b|(?:Account|SharedAccess)Key=[A-Za-z0-9+/]{40,}")),
+    # Webhook addresses whose path or query is the secret: anyone holding one can post as the team.
+    (SECRET_API_KEY, _Lexicon("slack | discord | discordapp | qyapi | dingtalk | feishu | larksuite"),
+     re.compile(
+         r"slack\.com/services/T[A-Z0-9]{6,}/B[A-Z0-9]{6,}/[A-Za-z0-9]{16,}"
+         r"|discord(?:app)?\.com/api/webhooks/\d{15,20}/[\w-]{40,}"
+         r"|qyapi\.weixin\.qq\.com/cgi-bin/webhook/send\?key=[0-9a-f-]{30,}"
+         r"|dingtalk\.com/robot/send\?access_token=[0-9a-f]{32,}"
+         r"|(?:feishu\.cn|larksuite\.com)/open-apis/bot/v2/hook/[\w-]{20,}")),
 )
+# A Telegram bot's token: the bot's id, a colon, then the secret, which always starts "AA". Looked
+# for directly, since "aa" starts too many words to locate it by.
+_TELEGRAM_TOKEN = re.compile(r"\d{6,12}:AA[A-Za-z0-9_-]{30,}")
+# A database, queue or file server's address with the password in it: "postgres://app:s3cr%t@db".
+_CREDENTIAL_URL_SCHEME = _Lexicon("""
+    postgres | postgresql | mysql | mariadb | mongodb | rediss | redis | amqp | amqps | mssql | sqlserver
+    | ftp | ftps | sftp | smtp | smtps | ldap | ldaps | clickhouse | cockroachdb
+""")
+_CREDENTIAL_URL = re.compile(r"[a-z]+(?:\+srv)?://[^\s:/@]{1,64}:([^\s@/]{6,128})@[\w.-]")
 # "password = ..." and its translations, with a value that looks like a real secret.
 _PASSWORD_WORD = _Lexicon("""
     password* | passwd* | passphrase* | secret* | *_key | *-key | apikey* | token*
     | contraseña* | mot de passe | passwort* | kennwort* | пароль* | 密码|密碼|口令|パスワード|비밀번호|암호
+    | sessionid | session_id | csrftoken
 """)
+# "contraseña fVL!m67*hvzlsftWe": a value with no "is" or "=" before it, trusted only when it
+# could be nothing but a secret.
+_PASSWORD_BARE_VALUE = re.compile(r"\s+([^\s\"'「`]{10,64})")
 _PASSWORD_VALUE = re.compile(
     r"\w{0,20}\s*(?:[:=]|\bis\b|\best\b|\bist\b|\bes\b|\blautet\b|\bequals\b|\bwas\b|это|は|는|은|为|為|是)"
     r"\s*[\"'「`]?([^\s\"'」`]{6,64})",
@@ -3641,7 +3701,10 @@ _SECRET_REFERENCE = re.compile(
     r"|1password|bitwarden|lastpass|keepass|keychain|vault", re.IGNORECASE)
 
 
-def _looks_like_secret(value: str) -> bool:
+def _looks_like_secret(value: str, strictly: bool = False) -> bool:
+    """Whether `value` has a secret's mix of characters; `strictly`, when nothing but its place
+    after a word like "password" says it is one: then lower and upper case, digits and symbols,
+    three of the four, and no word of a path or a sentence."""
     # (After "は" or "是" comes a sentence, not a value, when the words are Japanese or Chinese.)
     if not value.isascii() or _SECRET_REFERENCE.search(value):
         return False
@@ -3649,6 +3712,8 @@ def _looks_like_secret(value: str) -> bool:
         any(char.islower() for char in value), any(char.isupper() for char in value),
         any(char.isdigit() for char in value), any(not char.isalnum() for char in value),
     ))
+    if strictly and (classes < 3 or "/" in value or "." in value.rstrip(".")):
+        return False
     return classes >= 2 and any(char.isdigit() or not char.isalnum() for char in value)
 
 
@@ -3664,6 +3729,17 @@ def _hard_coded_secrets(clean: str, view: _View) -> set[str]:
     for start, end in view.spans(_PASSWORD_WORD):
         match = _PASSWORD_VALUE.match(clean, end) if aligned else _PASSWORD_VALUE.match(view.text, end)
         if match and _looks_like_secret(match[1].rstrip(".,;)")):
+            found.add(SECRET_PASSWORD.id)
+            break
+        bare = _PASSWORD_BARE_VALUE.match(clean, end) if aligned else None
+        if bare and _looks_like_secret(bare[1].rstrip(".,;)"), strictly=True):
+            found.add(SECRET_PASSWORD.id)
+            break
+    if ":AA" in clean and _TELEGRAM_TOKEN.search(clean):
+        found.add(SECRET_API_KEY.id)
+    for start, _ in view.spans(_CREDENTIAL_URL_SCHEME):
+        match = _CREDENTIAL_URL.match(clean if aligned else view.text, start)
+        if match and _looks_like_secret(match[1]):
             found.add(SECRET_PASSWORD.id)
             break
     return found
@@ -3826,7 +3902,7 @@ def _scan_clean(clean: str, depth: int) -> set[str]:
             for finding, needs, test in _RULES_BY_ANCHOR[anchor]:
                 if finding not in found and needs <= present and test(view):
                     found.add(finding)
-    if not found and len(clean) <= LEARNED_MAX_CHARS and MODEL.objects([view.text for view in views]):
+    if not found and len(clean) <= LEARNED_MAX_CHARS and _model().objects([view.text for view in views]):
         found.add(RESEMBLES_ATTACK.id)
     if depth < MAX_DECODE_DEPTH:
         payload = _decoded_payloads(clean, views[0])

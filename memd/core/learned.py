@@ -174,8 +174,8 @@ def format_model(model: Model, comments: Iterable[str] = ()) -> str:
 @functools.cache
 def shipped_model() -> Model:
     """The model in `scan_model.tsv`, read once, on first use rather than at import: the command
-    line imports the scanner's module for file names alone, and reading 170,000 weights takes a
-    quarter of a second. (The engine asks for it as it starts, so no write waits for it.)"""
+    line imports the scanner's module for file names alone, and reading 170,000 weights takes more
+    than a tenth of a second. (The engine asks for it as it starts, so no write waits for it.)"""
     # Line by line: the whole text and a list of its lines would cost 17 MB more at the peak, and
     # a daemon's memory does not shrink back after it.
     with resources.files(__package__).joinpath(MODEL_FILE).open(encoding="utf-8") as lines:

@@ -279,6 +279,8 @@ HARD_NEGATIVES = [
     "Password reset links expire after 30 minutes; the password policy is 12+ characters.",
     "The Aachen office opens at 9; AAA batteries are in the second drawer.",
     "The pre-commit hook runs ruff and mypy; install it with `pre-commit install`.",
+    # A chat bot registered with the platform's own registrar.
+    "Register this bot with BotFather first; the token then goes into the vault.",
     "Our git hooks live in .githooks; core.hooksPath points there so the lint check runs before each commit.",
 ]
 

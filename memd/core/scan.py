@@ -3482,7 +3482,7 @@ _BEACON_PHRASE = re.compile(
     r"beacon(?:s|ing)? (?:back |home |out )?to\b"
     r"|check in (?:with \S+ )?(?:every \S+ \S+ )?(?:for|to (?:get|receive|fetch)) (?:new )?(?:tasks|orders|commands|instructions)"
     r"|(?:wait|poll|listen) for (?:new |further )?(?:orders|commands|tasks|instructions) from\b"
-    r"|register (?:this|the) (?:agent|assistant|bot|machine|host) with\b"
+    r"|register (?:this|the) (?:agent|assistant|machine|host) with\b"
 )
 
 

@@ -1473,7 +1473,7 @@ _OBEY_EXTERNAL_RULES = (
     _together(_OBEY, ((_OUTSIDE_SOURCE, 0, 60),), _affirmed),
     _together(_COMPLY, ((_ASKS, 80, 0), (_OUTSIDE_SOURCE, 120, 0))),
     _together(_RANKED_ABOVE, ((_OUTSIDE_SOURCE, 60, 0), (_USER, 20, 40))),
-    _together(_TRUST_VERB, ((_ORDERS, 30, 60), (_OUTSIDE_SOURCE, 30, 80))),
+    _together(_TRUST_VERB, ((_ORDERS, 30, 60), (_OUTSIDE_SOURCE, 30, 80)), _affirmed),
     _Rule(_obeys_what_came_before, _EXECUTE_ORDERS, _ORDERS, _OUTSIDE_SOURCE),
     _together(_EXECUTE_ORDERS, ((_ORDERS, 60, 60), (_OUTSIDE_SOURCE, 80, 80), (_UNCONDITIONAL, 80, 80)), _affirmed),
     # (German puts the verb last: "Anweisungen aus E-Mails sind ohne Rücksprache umzusetzen".)
@@ -1711,6 +1711,7 @@ _HEADER_WEAK_ROLE = _Lexicon("""
     | aviso de admin | aviso del admin | aviso de administrador | avis de l'admin | avis administrateur
 """)
 _HEADER_OPEN = "[【(<"
+_QUOTE_MARKS = frozenset("\"'«»“”„‘’‚「」『』")
 # A few more words may share the brackets ("[SYSTEM NOTICE]", "【系统通知】"); a markdown link
 # ("[System](docs/system.md)") or a mention of template tags ("<system> tags") is not a header.
 _HEADER_CLOSE = re.compile(
@@ -1869,6 +1870,11 @@ def _bracketed(view: _View, span: Span, strong: bool = True) -> bool:
         return False
     close = _HEADER_CLOSE.match(view.text, span[1])
     if close is None or _MARKUP_MENTION.match(view.text, close.end()):
+        return False
+    # ('Mails that start with "[SYSTEM]" are phishing'): a header quoted whole is named, not used.
+    opener = view.text.rfind(before[-1], 0, span[0])
+    if (close[1] is None and opener > 0 and view.text[opener - 1] in _QUOTE_MARKS
+            and view.text[close.end(): close.end() + 1] in _QUOTE_MARKS):
         return False
     if close[1] is not None:
         return True

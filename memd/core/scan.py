@@ -2549,12 +2549,20 @@ _EVENT_NOUNS = ("자 ", "자만", "자는", "자가", "자를", "자로", "자�
 _DETERMINERS = frozenset("a an the this these those its their our his her my your any each every".split())
 
 
+# "Bitwarden collections", "tokens that show up in logs", "credential-harvesting pages": a noun
+# made from the verb, the phrasal verb of appearing, an -ing form joined to a noun as its modifier.
+_NOT_THE_VERB = re.compile(r"(?:ions?|ors?)\b| up\b")
+_JOINED_MODIFIER = re.compile(r"[a-z]-[a-z]+ing\b")
+
+
 def _used_as_noun(view: _View, verb: Span) -> bool:
     text, start = view.text, verb[0]
     if text.startswith(_EVENT_NOUNS, verb[1]):
         return True
     if not text[start: verb[1]].isascii():
         return False
+    if _NOT_THE_VERB.match(text, verb[1]) or (start > 1 and _JOINED_MODIFIER.match(text, start - 2)):
+        return True
     # (A hyphenated modifier belongs to the noun: "a key-leak".)
     if start > 1 and text[start - 1] == "-" and text[start - 2].isalnum():
         start = text.rfind(" ", max(0, start - 20), start - 1) + 1

@@ -2483,7 +2483,15 @@ def _described(view: _View, verb: Span) -> bool:
     text, end = view.text, verb[1]
     if text[end: end + 1] == "s" and not text[end + 1: end + 2].isalpha() and text[verb[0]: end].isascii():
         return True
+    # "A checkout of the PR head could leak secrets to forks": a risk weighed, not an order.
+    if _RISK.search(text, max(0, verb[0] - 12), verb[0]) and text.startswith(_RISK_VERBS, verb[0]):
+        return True
     return _after_subject(text, verb[0])
+
+
+# ("You could leak ..." is a suggestion to the reader, and "can" or "may" grant leave.)
+_RISK = re.compile(r"(?<!you )\b(?:could|might|would)(?: not| never| easily| still| also)? $")
+_RISK_VERBS = ("leak", "expose")
 
 
 # A subject that makes an ambiguous Spanish or French verb a statement: a determiner and its noun

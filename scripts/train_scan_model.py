@@ -165,7 +165,8 @@ def train(found: Sequence[set[str]], labels: Sequence[int]) -> tuple[float, dict
 
 # What each process of `leave_batches_out` works on, set once per process (see `_take`).
 _corpus: tuple[list[str], list[set[str]], list[int], list[str]] = ([], [], [], [])
-Counts = dict[tuple[float, float], tuple[int, int]]  # threshold pair -> (attacks caught, notes refused)
+# threshold pair -> (attacks blocked, notes the model refuses that the rules let through)
+Counts = dict[tuple[float, float], tuple[int, int]]
 
 
 def _take(corpus: tuple[list[str], list[set[str]], list[int], list[str]]) -> None:

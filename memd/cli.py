@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from memd import __version__
-from memd.config import ConfigError, default_home, load_settings, profile_home
+from memd.config import ConfigError, default_home, load_settings, profile_home, profile_name
 from memd.core.render import FILENAMES
 from memd.core.store import TARGETS
 from memd.display import DESCRIPTIONS, age, backup_time, count, duration, indented, numbered, usage_bar, visible
@@ -808,7 +808,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stream.reconfigure(errors="replace")
     try:
         if getattr(args, "profile", None) is not None:
-            profile_home(Path(), args.profile)  # a bad name is a usage error, caught before sending
+            profile_name(args.profile)  # a bad name is a usage error, caught before sending
         return args.run(args)
     except (UsageError, ConfigError) as error:
         return fail(args, EXIT_USAGE, "usage", str(error))

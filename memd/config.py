@@ -16,7 +16,8 @@ import yaml
 DEFAULT_LIMITS = {"memory": 2200, "user": 1375}
 # config.yaml keys under `memory:`, the same names Hermes reads.
 LIMIT_KEYS = {"memory": "memory_char_limit", "user": "user_char_limit"}
-PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# Hermes's rule for a profile's directory name, which memd keeps so both find the same directory.
+PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
 
 class ConfigError(Exception):
@@ -56,16 +57,41 @@ def state_dir(home: Path) -> Path:
     return directory
 
 
-def profile_home(home: Path, profile: str | None) -> Path:
-    """The home of a named profile, `<home>/profiles/<name>`; the home itself for None."""
-    if profile is None or profile == "":
-        return home
-    if not PROFILE_NAME.fullmatch(profile) or ".." in profile:
+def profile_name(profile: str | None) -> str | None:
+    """A profile's name as Hermes spells it on disk (`Work` is `profiles/work`), or None for the
+    home itself: no name, or `default`, Hermes's name for the home."""
+    if profile is None:
+        return None
+    name = profile.strip().lower()
+    if name in ("", "default"):
+        return None
+    if not PROFILE_NAME.fullmatch(name):
         raise ConfigError(
-            f"invalid profile name {profile!r}: use letters, digits, '_', '-' and '.', starting "
-            "with a letter or digit, at most 64 characters"
+            f"invalid profile name {profile!r}: a profile is named with letters, digits, '_' and '-', "
+            "starting with a letter or digit, at most 64 characters (Hermes keeps it in lower case)"
         )
-    return home / "profiles" / profile
+    return name
+
+
+def profile_home(home: Path, profile: str | None) -> Path:
+    """The home of an existing profile, `<home>/profiles/<name>`; the home itself for None.
+
+    Profiles are made by Hermes (`hermes profile create NAME`) or by hand. A name with no
+    directory is refused, so that a mistyped name never starts an empty memory of its own.
+    """
+    name = profile_name(profile)
+    if name is None:
+        return home
+    profiles = home / "profiles"
+    directory = profiles / name
+    if not directory.is_dir():
+        known = sorted(path.name for path in profiles.iterdir() if path.is_dir()) if profiles.is_dir() else []
+        listed = f" (the profiles there: {', '.join(known[:12])}{', ...' if len(known) > 12 else ''})" if known else ""
+        raise ConfigError(
+            f"no profile {name!r}: {directory} does not exist{listed}; create it with "
+            f"`hermes profile create {name}`, or `mkdir -p {directory}` to use memd alone"
+        )
+    return directory
 
 
 def _positive_int(value: Any, where: str) -> int:

@@ -23,7 +23,7 @@ import msgspec
 import zmq
 
 from memd import __version__
-from memd.config import ConfigError, Settings, load_settings, profile_home
+from memd.config import ConfigError, Settings, load_settings, profile_home, profile_name
 from memd.core.store import TARGETS
 from memd.daemon_lock import AlreadyRunning, DaemonLock
 from memd.disk import DurabilityError
@@ -401,7 +401,11 @@ class Daemon:
 
     # -- engines and sessions ---------------------------------------------------------------
 
-    def engine_for(self, profile: str | None) -> Engine:
+    def engine_for(self, requested: str | None) -> Engine:
+        try:
+            profile = profile_name(requested)  # "Work" and "work" are one profile, as in Hermes
+        except ConfigError as error:
+            raise Refused(str(error)) from None
         engine = self.engines.get(profile)
         if engine is not None:
             return engine
@@ -412,6 +416,9 @@ class Daemon:
             )
         try:
             home = profile_home(self.home, profile)
+        except ConfigError as error:
+            raise Refused(str(error)) from None
+        try:
             settings = self.settings if profile is None else load_settings(home)
             engine = Engine(home, settings, listener=self._publisher_for(profile), profile=profile)
         except ConfigError as error:
@@ -483,7 +490,7 @@ class Daemon:
         status = engine.status()
         status.update(
             self.hello(),
-            profile=profile,
+            profile=engine.profile,
             uptime=time.time() - self.stats.started,
             sessions_all_profiles=sum(len(item.sessions) for item in self.engines.values()),
             requests=self.stats.requests,

@@ -245,6 +245,9 @@ def run_crashtest(cycles: int, writers: int = 4, max_kill_delay: float = 0.5, se
     model: dict[Store, dict[int, frozenset[str]]] = {store: {i: frozenset() for i in range(writers)} for store in STORES}
     started = time.monotonic()
     with running_daemon() as daemon:
+        for profile in PROFILES:
+            if profile is not None:
+                (daemon.home / "profiles" / profile).mkdir(parents=True, exist_ok=True)
         for cycle in range(1, cycles + 1):
             if cycle > 1:
                 try:

@@ -243,6 +243,7 @@ def test_batch_from_yaml_json_and_standard_input(started: Callable[..., tuple[Da
 
 def test_profiles_are_separate_stores(started: Callable[..., tuple[DaemonProcess, Memd]]) -> None:
     daemon, memd = started()
+    (daemon.home / "profiles" / "work").mkdir(parents=True)
     assert memd("add", "memory", "Work laptop runs Fedora", "--profile", "work").returncode == 0
     code, shown = memd.json("show", "memory", "--profile", "work")
     assert code == 0 and [entry["text"] for entry in shown["stores"]["memory"]["entries"]] == ["Work laptop runs Fedora"]

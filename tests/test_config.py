@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from memd.config import ConfigError, default_home, load_settings, profile_home
+from memd.config import ConfigError, default_home, load_settings, profile_home, profile_name
 from memd.engine import Engine
 
 
@@ -45,19 +45,42 @@ def test_the_memory_directory_is_memories_in_the_home(tmp_path):
 
 
 def test_a_profile_lives_under_profiles(tmp_path):
+    for name in ("work", "team_2-dev-x"):
+        (tmp_path / "profiles" / name).mkdir(parents=True)
     assert profile_home(tmp_path, "work") == tmp_path / "profiles" / "work"
-    assert profile_home(tmp_path, "team_2.dev-x") == tmp_path / "profiles" / "team_2.dev-x"
+    assert profile_home(tmp_path, "team_2-dev-x") == tmp_path / "profiles" / "team_2-dev-x"
     assert profile_home(tmp_path, None) == tmp_path
     assert profile_home(tmp_path, "") == tmp_path
 
 
-@pytest.mark.parametrize("name", ["..", "../etc", "a/b", "a\\b", ".hidden", "-rf", "a..b", "a b", "x" * 65, "wörk"])
+def test_profile_names_are_spelled_as_hermes_spells_them(tmp_path):
+    # Hermes keeps profiles in lower case and calls the home itself "default": `-p Work` and
+    # `-p default` must reach the same directories through memd as through Hermes.
+    (tmp_path / "profiles" / "work").mkdir(parents=True)
+    assert profile_home(tmp_path, "Work") == profile_home(tmp_path, " WORK ") == tmp_path / "profiles" / "work"
+    assert profile_home(tmp_path, "default") == profile_home(tmp_path, "Default") == tmp_path
+    assert profile_name("Work") == "work" and profile_name("default") is None and profile_name(None) is None
+
+
+def test_a_mistyped_profile_is_refused_and_the_existing_ones_are_named(tmp_path):
+    for name in ("work", "personal"):
+        (tmp_path / "profiles" / name).mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"no profile 'wrok'.*profiles there: personal, work.*hermes profile create wrok"):
+        profile_home(tmp_path, "wrok")
+    assert not (tmp_path / "profiles" / "wrok").exists()
+    with pytest.raises(ConfigError, match=r"no profile 'work'.*does not exist; create it"):
+        profile_home(tmp_path / "elsewhere", "work")
+
+
+@pytest.mark.parametrize("name", ["..", "../etc", "a/b", "a\\b", ".hidden", "-rf", "a..b", "a b", "x" * 65, "wörk", "team.dev"])
 def test_bad_profile_names_are_refused(tmp_path, name):
+    (tmp_path / "profiles").mkdir()
     with pytest.raises(ConfigError, match="invalid profile name"):
         profile_home(tmp_path, name)
 
 
 def test_a_profile_has_its_own_config_and_memories(tmp_path):
+    (tmp_path / "profiles" / "work").mkdir(parents=True)
     work = profile_home(tmp_path, "work")
     write_yaml(work, "memory:\n  memory_char_limit: 500\n")
     settings = load_settings(work)

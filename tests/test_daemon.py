@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import zmq
-from memd_client import Client, DaemonUnavailable, SessionClosed
+from memd_client import Client, DaemonUnavailable, RequestRefused, SessionClosed
 from memd_client import protocol as wire
 
 from memd.core.format import DELIMITER, drift_reason, parse_entries
@@ -544,6 +544,7 @@ def test_idle_sessions_expire_and_busy_ones_do_not(start_daemon):
 
 
 def test_a_profile_has_its_own_memory(daemon):
+    (daemon.home / "profiles" / "work").mkdir(parents=True)
     with daemon.client() as client:
         work = client.open_session("cli", profile="work")
         personal = client.open_session("cli")
@@ -561,6 +562,22 @@ def test_a_profile_has_its_own_memory(daemon):
         assert client.status(profile="work")["stores"]["memory"]["path"] == str(work_file)
         later = client.open_session("gateway", profile="work")
         assert "vpn.example.com" in later.snapshot.memory and "chess" not in later.snapshot.memory
+
+
+def test_profiles_are_named_as_in_hermes_and_a_mistyped_one_is_refused(daemon):
+    (daemon.home / "profiles" / "work").mkdir(parents=True)
+    with daemon.client() as client:
+        assert client.open_session("cli", profile="Work").memory(action="add", content="Standup at 9:30.")["success"]
+        assert client.entries("memory", profile="work") == ["Standup at 9:30."]
+        assert client.status(profile="WORK")["profile"] == "work"
+        home = client.open_session("cli", profile="default")  # Hermes's name for the home itself
+        assert home.memory(action="add", content="Lives in Porto.")["success"]
+        assert client.entries("memory") == ["Lives in Porto."]
+        with pytest.raises(RequestRefused, match=r"no profile 'wrok'.*profiles there: work") as refused:
+            client.open_session("cli", profile="wrok")
+        assert refused.value.code == "invalid"
+        assert not (daemon.home / "profiles" / "wrok").exists()
+        assert client.status()["profiles"] == ["", "work"]
 
 
 def test_a_second_daemon_for_the_same_home_refuses_and_leaves_the_first_alone(daemon):

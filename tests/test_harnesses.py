@@ -163,7 +163,7 @@ def test_temp_files_left_by_a_killed_write_are_removed_at_start(tmp_path: Path) 
     assert engine.entries("memory") == ["kept"]
 
 
-def test_made_up_profiles_are_refused_beyond_a_bound() -> None:
+def test_profiles_beyond_a_bound_are_refused() -> None:
     # fuzz.py: every profile name a client sent cost a directory, an engine and a watch thread,
     # for the daemon's life (2,500 names: 2,507 threads).
     from harness_common import running_daemon
@@ -172,6 +172,8 @@ def test_made_up_profiles_are_refused_beyond_a_bound() -> None:
     from memd_client import RequestRefused
 
     with running_daemon() as daemon, daemon.client() as client:
+        for number in range(MAX_PROFILES + 5):
+            (daemon.home / "profiles" / f"made-up-{number}").mkdir(parents=True)
         refused = 0
         for number in range(MAX_PROFILES + 5):
             try:

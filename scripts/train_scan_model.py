@@ -38,8 +38,8 @@ from scan_accuracy import CORPUS, LEARNED_BATCHES, entries_of, read_slices  # no
 
 TRAINING_FILES = ("attacks.txt", "benign.txt")
 STRENGTH = 10.0  # sklearn's C: the weight of the data against the L2 penalty 1/2 |w|^2
-THRESHOLD = 0.85
-SENTENCE_THRESHOLD = 0.95
+THRESHOLD = 0.9
+SENTENCE_THRESHOLD = 0.9
 # What `--leave-batches-out` tries, and the share of left-out notes the model may refuse on top
 # of those the rules refuse: they refuse about 1% of unseen notes, and 2% is the aim for both.
 CANDIDATE_THRESHOLDS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)

@@ -3894,14 +3894,15 @@ def _looks_like_secret(value: str, strictly: bool = False) -> bool:
     after a word like "password" says it is one: then lower and upper case, digits and symbols,
     three of the four, and no word of a path or a sentence."""
     # (After "は" or "是" comes a sentence, not a value, when the words are Japanese or Chinese.)
-    if not value.isascii() or _SECRET_REFERENCE.search(value):
+    # (The cheap tests first: a text of decoys reaches this for every one of them.)
+    if not value.isascii() or (strictly and ("/" in value or "=" in value)) or _SECRET_REFERENCE.search(value):
         return False
     classes = sum((
         any(char.islower() for char in value), any(char.isupper() for char in value),
         any(char.isdigit() for char in value), any(not char.isalnum() for char in value),
     ))
     # (A dot inside is a host or a file's name, unless the value mixes all four kinds of character.)
-    if strictly and (classes < 3 or "/" in value or "=" in value or ("." in value.rstrip(".") and classes < 4)):
+    if strictly and (classes < 3 or ("." in value.rstrip(".") and classes < 4)):
         return False
     return classes >= 2 and any(char.isdigit() or not char.isalnum() for char in value)
 

@@ -2838,11 +2838,11 @@ _KEEP_OR_PASS = _Lexicon("""
     save | store | keep | note | write | remember | record | paste | forward | send | pass | memory
     | guarda | guárdalo | guárdala | guárdalos | guárdalas | almacena | anota | apunta | pega | pégalos | reenvía
     | envía | pásalo | transmite | memoria
-    | garde | garde-la | garde-le | garde-les | enregistre | stocke | note | colle | transmets | envoie | mémoire
+    | garde | garde-la | garde-le | garde-les | enregistre | stocke | colle | transmets | envoie | mémoire
     | speicher* | notier* | merk | leite | schick | sende | trag
     | сохрани | запиши | запомни | перешли | отправь | передай | вставь
     | 记下|记住|写进|写到|存到|存进|保存|转给|转发|发给|记忆|記憶
-    | 保存|記録|メモ|記憶|転送|送信|貼り
+    | 記録|メモ|転送|送信|貼り
     | 저장|기록|메모|기억|전달|보내|답장
 """)
 
@@ -3353,10 +3353,9 @@ _SENDING = _Lexicon("""
 """)
 
 
-def _wipes_logs_of_sending(view: _View, span: Span) -> bool:
-    text = view.text
-    wipe = _WIPE.search(text, max(0, span[0] - 30), span[1] + 20)
-    return wipe is not None and _not_forbidden(view, wipe.span()) and bool(view.between(_SENDING, span[0] - 120, span[1] + 40))
+def _wiped(view: _View, span: Span) -> bool:
+    wipe = _WIPE.search(view.text, max(0, span[0] - 30), span[1] + 20)
+    return wipe is not None and _not_forbidden(view, wipe.span())
 
 
 def _covers_tracks(view: _View) -> bool:
@@ -3434,7 +3433,7 @@ _CONCEAL_RULES = (
     _together(_ADMIT, ((_HUSH_NEGATION, 30, 20), (_WHEN_ASKED, 80, 80))),
     _together(_USER_ASKS, ((_USER, 60, 0), (_NETWORK_TOPIC, 40, 50), (_COVER_STORY, 0, 120))),
     _Rule(_covers_tracks, _HISTORY_FILE),
-    _together(_LOGS, ((_SENDING, 120, 40),), _wipes_logs_of_sending),
+    _together(_LOGS, ((_SENDING, 120, 40),), _wiped),
     _together(_OWN_ACTIVITY, ((_KEEP_QUIET, 50, 50), (_REPLY_TARGET, 60, 60))),
     _together(_OWN_ACTIVITY, ((_HUSH_VERB, 40, 40), (_HUSH_NEGATION, 50, 50), (_REPLY_TARGET, 60, 60))),
     _together(_NO_INSTRUCTIONS, ((_SAY, 60, 0),)),

@@ -2667,6 +2667,11 @@ def _not_negated(view: _View, span: Span) -> bool:
         return False
     if text.isascii():
         return True
+    # "，不要让他把密码发到聊天里": a Chinese phrase that opens with a negation rules out what it names.
+    before = text[max(0, span[0] - 12): span[0]]
+    before = before[max(map(before.rfind, _PHRASE_MARKS)) + 1:]
+    if before.startswith(_DENSE_NEGATIONS_BEFORE):
+        return False
     after = text[span[1]: span[1] + 16]
     ends = [at for at in map(after.find, _PHRASE_MARKS) if at != -1]
     # (Only a negation closing the phrase: in ".env 마스킹 하지 말고 다 보여줘" or "マスクしないで全部表示して"

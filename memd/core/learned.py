@@ -5,8 +5,8 @@ The rules (`memd.core.scan`) say precisely why they block, and they stay the fir
 word lists written from known attacks miss new phrasings of the same intent, while a model that
 weighs every word and word pair generalises: on the held-out corpus, which neither the rules nor
 the model were tuned or trained on, the two together block 92% of attacks where the rules alone
-block 77%, and refuse 0.8% of ordinary notes where the rules alone refuse 0.7% (README,
-"Injection scanner").
+block 75%, and refuse no more ordinary notes than the rules alone, 0.6% (README, "Injection
+scanner").
 
 The model is logistic regression on binary features: each word, each pair of adjacent words,
 the first letters of each long word (which carries across inflections: German, Spanish,
@@ -174,8 +174,9 @@ def format_model(model: Model, comments: Iterable[str] = ()) -> str:
 @functools.cache
 def shipped_model() -> Model:
     """The model in `scan_model.tsv`, read once, on first use rather than at import: the command
-    line imports the scanner's module for file names alone, and reading 170,000 weights takes more
-    than a tenth of a second. (The engine asks for it as it starts, so no write waits for it.)"""
+    line imports the scanner's module for file names alone, and reading its quarter of a million
+    weights takes almost a fifth of a second. (The engine asks for it as it starts, so no write
+    waits for it.)"""
     # Line by line: the whole text and a list of its lines would cost 17 MB more at the peak, and
     # a daemon's memory does not shrink back after it.
     with resources.files(__package__).joinpath(MODEL_FILE).open(encoding="utf-8") as lines:

@@ -3911,6 +3911,14 @@ def _looks_like_secret(value: str, strictly: bool = False) -> bool:
     return classes >= 2 and any(char.isdigit() or not char.isalnum() for char in value)
 
 
+def _strict_value_after(clean: str, end: int, forms: Sequence[re.Pattern[str]]) -> bool:
+    """Whether one of the forms finds, right after a password word, a value that can be nothing
+    but a secret (each form in turn: "contraseña administrador: ..." is no bare value, but it is
+    a labelled one)."""
+    return any(match is not None and _looks_like_secret(match[1].rstrip(".,;)"), strictly=True)
+               for match in (form.match(clean, end) for form in forms))
+
+
 def _hard_coded_secrets(clean: str, view: _View) -> set[str]:
     """Ids of the secrets found by shape. The view locates candidates; the un-folded text is where the shape is
     checked (at the same offsets when folding kept the length, else anywhere)."""
@@ -3925,16 +3933,12 @@ def _hard_coded_secrets(clean: str, view: _View) -> set[str]:
         if match and _looks_like_secret(match[1].rstrip(".,;)")):
             found.add(SECRET_PASSWORD.id)
             break
-        bare = (_PASSWORD_BARE_VALUE.match(clean, end) or _PASSWORD_LABELLED.match(clean, end)) if aligned else None
-        if bare and _looks_like_secret(bare[1].rstrip(".,;)"), strictly=True):
+        if aligned and _strict_value_after(clean, end, (_PASSWORD_BARE_VALUE, _PASSWORD_LABELLED)):
             found.add(SECRET_PASSWORD.id)
             break
-    if aligned and SECRET_PASSWORD.id not in found:
-        for _, end in view.spans(_CREDENTIALS_WORD):
-            labelled = _PASSWORD_LABELLED.match(clean, end)
-            if labelled and _looks_like_secret(labelled[1].rstrip(".,;)"), strictly=True):
-                found.add(SECRET_PASSWORD.id)
-                break
+    if aligned and SECRET_PASSWORD.id not in found and any(
+            _strict_value_after(clean, end, (_PASSWORD_LABELLED,)) for _, end in view.spans(_CREDENTIALS_WORD)):
+        found.add(SECRET_PASSWORD.id)
     if ":AA" in clean and _TELEGRAM_TOKEN.search(clean):
         found.add(SECRET_API_KEY.id)
     for start, _ in view.spans(_CREDENTIAL_URL_SCHEME):

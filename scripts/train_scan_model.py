@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from operator import itemgetter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +40,7 @@ from scan_accuracy import CORPUS, LEARNED_BATCHES, entries_of, read_slices  # no
 TRAINING_FILES = ("attacks.txt", "benign.txt")
 STRENGTH = 10.0  # sklearn's C: the weight of the data against the L2 penalty 1/2 |w|^2
 THRESHOLD = 0.9
-SENTENCE_THRESHOLD = 0.9
+SENTENCE_THRESHOLD = 0.95
 # What `--leave-batches-out` tries, and the share of left-out notes the model may refuse on top
 # of those the rules refuse: they refuse about 1% of unseen notes, and 2% is the aim for both.
 CANDIDATE_THRESHOLDS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
@@ -80,26 +81,43 @@ def fit(samples: Sequence[Sample], size: int, strength: float = STRENGTH) -> tup
     positives = sum(1 for _, _, label in samples if label)
     share = {1.0: len(samples) / (2 * positives), 0.0: len(samples) / (2 * (len(samples) - positives))}
     scale = [strength * share[label] for _, _, label in samples]
+    # Each sample's weights, and each weight's samples, gathered by itemgetter rather than a Python
+    # loop over every feature of every sample: the training (and the test that repeats it) takes a
+    # third of the time. The sums run in the same order as such a loop, so the result is the same.
+    columns: list[list[int]] = [[] for _ in range(size)]
+    for position, (indices, _, _) in enumerate(samples):
+        for i in indices:
+            columns[i].append(position)
+    rows = [_gather(indices) for indices, _, _ in samples]
+    gathers = [_gather(column) for column in columns]
 
     def objective(point: list[float]) -> tuple[float, list[float]]:
         bias, weights = point[0], point[1:]
         value = 0.5 * sum(w * w for w in weights)
-        gradient = [0.0, *weights]
-        for (indices, x, label), s in zip(samples, scale):
-            z = bias + x * sum([weights[i] for i in indices])
+        errors, steps = [], []
+        for (_, x, label), s, row in zip(samples, scale, rows):
+            z = bias + x * sum(row(weights))
             # log(1 + e^-m) with m the signed margin, computed without overflow
             margin = z if label else -z
             value += s * (math.log1p(math.exp(-margin)) if margin > 0 else math.log1p(math.exp(margin)) - margin)
             p = 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
             error = s * (p - label)
-            gradient[0] += error
-            step = error * x
-            for i in indices:
-                gradient[i + 1] += step
+            errors.append(error)
+            steps.append(error * x)
+        gradient = [sum(errors, 0.0)]
+        gradient += [sum(gather(steps), weight) for gather, weight in zip(gathers, weights)]
         return value, gradient
 
     point = lbfgs(objective, [0.0] * (size + 1))
     return point[0], point[1:]
+
+
+def _gather(positions: list[int]) -> Callable[[Sequence[float]], Sequence[float]]:
+    """The values at `positions`, in order, gathered in C (a lone position as a one-item slice,
+    since itemgetter of one index returns the value itself)."""
+    if len(positions) == 1:
+        return itemgetter(slice(positions[0], positions[0] + 1))
+    return itemgetter(*positions) if positions else itemgetter(slice(0, 0))
 
 
 Objective = Callable[[list[float]], tuple[float, list[float]]]  # value and gradient at a point

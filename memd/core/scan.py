@@ -77,7 +77,7 @@ SECRET_GITHUB_TOKEN = Finding("secret_github_token", "hard-coded secret")
 SECRET_API_KEY = Finding("secret_api_key", "hard-coded secret")
 SECRET_PRIVATE_KEY = Finding("secret_private_key", "hard-coded secret")
 SECRET_JWT = Finding("secret_jwt", "hard-coded secret")
-ENCODED_PAYLOAD = Finding("encoded_payload", "encoded payload (base64 or hex)")
+ENCODED_PAYLOAD = Finding("encoded_payload", "encoded payload")
 # No rule matched, but the learned model (memd.core.learned) finds it too much like the attacks
 # it was trained on.
 RESEMBLES_ATTACK = Finding("resembles_attack", "resembles known injection attempts")
@@ -1710,7 +1710,7 @@ _SECURITY_CONTROL = _Lexicon("""
     | signature verification | signature checks | commit signing | gpg signing | code signing
     | branch protection | audit logging | audit log | audit logs | secret scanning | malware scanning
     | login alerts | security alerts | fraud alerts | spam filter
-    | doble factor | autenticación en dos pasos | verificación en dos pasos | cortafuegos | antivirus
+    | doble factor | autenticación en dos pasos | verificación en dos pasos | cortafuegos
     | double authentification | authentification à deux facteurs | double facteur | pare-feu
     | zwei-faktor* | 2-faktor* | zwei faktor* | virenschutz | signaturprüfung
     | двухфакторн* | брандмауэр | фаервол | файрвол | антивирус
@@ -1723,7 +1723,8 @@ _DEFENCE_OFF_VERB = _Lexicon("""
     | deaktiviere | deaktivieren | abschalten | schalte | отключи | отключить | отключай | выключи | выключить
     | 关闭|關閉|关掉|關掉|停用|禁用|無効に|無効化|オフに|切って|끄|꺼|비활성화|해제
 """)
-# The same, as a command: "sudo ufw disable", "setenforce 0", "git commit --no-verify".
+# The same, as a command or setting: "sudo ufw disable", "setenforce 0", "http.sslVerify false".
+# ("--no-verify" and "chmod 777" are not among them: protective notes name them to forbid them.)
 _DEFENCE_OFF_COMMAND_TRIGGER = _Lexicon("""
     ufw | setenforce | systemctl | advfirewall | disablerealtimemonitoring | node_tls_reject_unauthorized
     | sslverify | stricthostkeychecking | selinux | verify_signature | tls_verify | verify_ssl
@@ -2480,8 +2481,10 @@ def _secret_in_host_name(view: _View) -> bool:
             continue
         opener = "`" if text[close] == "`" else "$("
         start = text.rfind(opener, max(0, close - _SUBSTITUTION_LONGEST - len(opener)), close)
+        if start == -1:
+            continue
         inside = text[start + len(opener): close]
-        if start == -1 or not inside or "\n" in inside or (opener == "$(" and ("(" in inside or ")" in inside)):
+        if not inside or "\n" in inside or (opener == "$(" and ("(" in inside or ")" in inside)):
             continue
         if _hit(view, _SECRET_FILE, start + len(opener), close, start + len(opener), _real_secret_file):
             return True

@@ -46,9 +46,9 @@ SENTENCE_THRESHOLD = 0.95
 CANDIDATE_THRESHOLDS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 CANDIDATE_SENTENCE_THRESHOLDS = (0.85, 0.9, 0.95)
 MAX_ADDED_LEFT_OUT = 0.0075
-# Weights below this are dropped from the file: leaving each of 45 batches out, the model kept at
-# 0.1 blocked 64.5% of their attacks against 64.6% at 0.05, with 30% fewer weights in memory (0.15
-# halves them for 64.3%).
+# Weights below this are dropped from the file: leaving each of 48 batches out, the model kept at
+# 0.1 blocked 64.0% of their attacks against 64.1% at 0.05, with 30% fewer weights in memory (0.15
+# halves them for 63.9%).
 SMALLEST_KEPT = 0.1
 
 Sample = tuple[list[int], float, float]  # feature indices, their value, label

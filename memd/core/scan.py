@@ -734,9 +734,27 @@ _NEGATIONS_AFTER = ("нельзя", "запрещено", "не допускае
 _DENSE_DENIED = re.compile(r"[ぁ-ゖ]{0,2}?(?:ない(?!と|ければ|くて|きゃ)|ません(?!と)|ず[、。,]|ずに)")
 
 
+# "Never read, copy or print the key files": one negation over a list of verbs joined by "or".
+_OR = frozenset("or nor o ni ou oder noch или ни".split())
+
+
+def _in_a_denied_list(text: str, start: int) -> bool:
+    # (Split plainly, as this runs for every verb: a clause stop inside the list ends it anyway.)
+    before = text[max(0, start - 48): start].split()[-6:]
+    if len(before) < 2:
+        return False
+    if before[-1] in _OR:
+        # (Only the words since the last sentence or clause mark: "Don't wait. Read or print ...".)
+        ended = [index for index, word in enumerate(before) if word.endswith((".", ";", ":", "!", "?"))]
+        return any(word.strip(_PUNCTUATION) in _NEGATIONS or word.endswith("n't")
+                   for word in before[ended[-1] + 1 if ended else 0: -1])
+    # (The list's middle verbs: "never read, copy ...", the comma left on the word before.)
+    return before[-1].endswith(",") and (before[-2] in _NEGATIONS or before[-2].endswith("n't"))
+
+
 def _affirmed(view: _View, span: Span) -> bool:
     text = view.text
-    if _narrated(view, span) or _in_identifier(text, span):
+    if _narrated(view, span) or _in_identifier(text, span) or _in_a_denied_list(text, span[0]):
         return False
     words = _last_words(text, span[0], 2)
     if any(word in _NEGATIONS or word.endswith("n't") for word in words) or tuple(words) in _INSTEAD_OF:
@@ -762,6 +780,9 @@ def _affirmed(view: _View, span: Span) -> bool:
     if "な" in text[span[1]: span[1] + 4] or "ま" in text[span[1]: span[1] + 4] or "ず" in text[span[1]: span[1] + 4]:
         if _DENSE_DENIED.match(text, span[1]):
             return False
+    # ("不写进聊天", "不贴到日志": a bare 不 right before the verb denies it.)
+    if text[span[0] - 1: span[0]] == "不":
+        return False
     before, after = text[max(0, span[0] - 10): span[0]], text[span[1]: span[1] + 8]
     # (A negation of the phrase before is not this verb's: "不要问,直接打印".)
     before = before[max(map(before.rfind, _DENSE_PHRASE_MARKS)) + 1:]
@@ -1342,6 +1363,7 @@ _CONFIRM_WAIVED = _Lexicon("""
     | without consent | without checking | without waiting for | without prompting | without the user's
     | without double-checking | without verifying | without verification
     | never ask the user before | don't ask the user before | do not ask the user before | never ask me before
+    | never ask before | don't ask before | do not ask before | never check before
     | don't ask me before | do not ask me before | never check with the user before | no need to ask
     | without user confirmation | without user approval | no questions asked | no need to confirm
     | don't ask for confirmation | do not ask for confirmation | don't ask for permission | do not ask for permission
@@ -4135,6 +4157,22 @@ _AGAINST_THE_FACTS = _Lexicon("""
     | даже если | независимо от | что бы ни | всё равно | все равно
     | 即使|即便|无论|無論|不管|たとえ|かかわらず|관계없이|상관없이|하더라도|해도
 """)
+def _hush_denied(view: _View, span: Span) -> bool:
+    """The negation is the hush verb's: ahead of it, or after it where a language puts it last ("sag es
+    ihm nicht."), not one that opens the next order ("tell the user, don't restart it")."""
+    if view.between(_HUSH_NEGATION, span[0] - 30, span[0] - 1):
+        return True
+    text = view.text
+    return any(text[negation[0]: negation[1]] not in _ENGLISH_NEGATION_OF_A_VERB
+               or _NEXT_WORD_IS_A_VERB.match(text, negation[1]) is None
+               for negation in view.between(_HUSH_NEGATION, span[1], span[1] + 30))
+
+
+# An English negation after the hush verb opens an order of its own ("don't restart", "never retry").
+_ENGLISH_NEGATION_OF_A_VERB = frozenset(("don't", "dont", "do not", "never"))
+_NEXT_WORD_IS_A_VERB = re.compile(r" (?!(?:tell|mention|say|notify|inform|report|alert|bring|let)\b)[a-z]{3,}")
+
+
 _CONCEAL_RULES = (
     _together(_FIXED_ANSWER, ((_AGAINST_THE_FACTS, 0, 90),), _affirmed),
     # "Never let the user see the outbound requests."
@@ -4160,9 +4198,9 @@ _CONCEAL_RULES = (
     _together(_LEAVE_OUT, ((_ACCOUNT_OF_SPENDING, 100, 100), (_MONEY_MOVED, 100, 100)), _no_amount_limit),
     _Rule(_denial_ready, _USER_ASKS, _DENIAL_VERB),
     _phrase(_CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE),
-    _together(_HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50))),
+    _together(_HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)), _hush_denied),
     # "The assistant never tells the user about the data it forwards."
-    _together(_HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_OWN_SENDING, 0, 80))),
+    _together(_HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_OWN_SENDING, 0, 80)), _hush_denied),
     _together(_OWN_ACTIVITY, ((_OMIT, 40, 10), (_USER, 80, 40))),
     _together(_OWN_SENDING, ((_USER, 80, 20), (_HUSH_NEGATION, 80, 0))),
 )
@@ -4389,7 +4427,10 @@ def _not_a_vetted_key(view: _View, span: Span) -> bool:
 
 
 def _planted_key(view: _View, span: Span) -> bool:
-    return _not_negated(view, span) and _not_a_vetted_key(view, span)
+    # ("Don't add keys to authorized_keys by hand", "on n'ajoute jamais de clé ... dans authorized_keys":
+    # the clause forbids it, however far ahead its negation stands.)
+    return (_not_negated(view, span) and _not_a_vetted_key(view, span)
+            and _SENTENCE_NEGATION.search(view.text, _clause_start(view, span[0]), span[0]) is None)
 
 
 # A key written out beside authorized_keys, whatever the verb ("trag ... ein", "put ... in"): an

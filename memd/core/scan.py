@@ -704,7 +704,6 @@ def _last_words(text: str, end: int, count: int) -> list[str]:
     return [word.strip(_PUNCTUATION) for word in before.split()[-count:]]
 
 
-
 def _in_identifier(text: str, span: Span) -> bool:
     """Whether the word is the tail of a name in code, glued by "_" to what comes before:
     "pg_dump", "HIST_IGNORE_SPACE" (not a verb, whatever follows). (Not by ".": a sentence
@@ -1133,7 +1132,7 @@ _RANKED_ABOVE = _Lexicon("""
 # below something else. (The other way round, "what the user says overrides these notes", names
 # the user first; "nothing here overrides what the user says" denies it.)
 _SUPERSEDE = _Lexicon("""
-    ahead of | put it ahead of | put them ahead of | come before | comes before
+    ahead of | come before | comes before
     | override | overrides | supersede | supersedes | take precedence over | takes precedence over | take priority over
     | takes priority over | trump | trumps | win over | wins over | anula | anulan | l'emporte sur | l'emportent sur
     | überstimmt | überstimmen | geht vor | gehen vor | отменяет | отменяют
@@ -1496,12 +1495,11 @@ _WAIVER_DENIALS = frozenset("not never nicht nie niemals jamais nunca".split())
 
 
 # Any negation in a sentence, for things a note names only to forbid.
-_NEGATION_WORDS = (
-    "never not no nor nunca jamás ni ne jamais nie niemals nicht kein keine keinen никогда не нельзя ни".split())
+_NEGATION_WORDS = _NEGATIONS | {"nor", "jamás", "ni", "нельзя", "ни"}
 # (Spelt as written and as the look-alike view spells them: Russian next to a Latin "CVV" is
 # read with its look-alike letters folded too, and "никогда" must stay a negation there.)
 _SENTENCE_NEGATION = re.compile(
-    r"\b(?:" + "|".join(sorted(set(_NEGATION_WORDS) | {
+    r"\b(?:" + "|".join(sorted(_NEGATION_WORDS | {
         word.translate(_CONFUSABLES) for word in _NEGATION_WORDS}, key=len, reverse=True)) + r")\b"
     r"|\bpas\b|n't\b|绝不|絕不|不要|不得|不能|不需要|不用|无需|無需|不必|无须|没有|沒有|禁止|切勿|别|別|ない|ません|않|말|금지|안 ")
 _SENTENCE_END = re.compile(r"[.!?]\s|[\n。！？]")
@@ -2012,7 +2010,7 @@ def _switched_off_quietly(view: _View, span: Span) -> bool:
 # index over plain HTTP): whoever sits on the path serves the code. Notes name them to forbid them,
 # and then the sentence says so.
 _UNVERIFIED_SOURCE = _Lexicon("""
-    --trusted-host | trusted-host | [trusted=yes] | index-url http:// | index-url=http:// | registry http://
+    trusted-host | [trusted=yes] | index-url http:// | index-url=http:// | registry http://
     | registry=http://
 """)
 
@@ -2037,7 +2035,7 @@ def _host_given_to_container(view: _View) -> bool:
     text = view.text
     for start, end in view.spans(_PRIVILEGED):
         # (The same command line: within its line, and no further than a long command reaches.)
-        line_start = text.rfind("\n", max(0, start - 200), start) + 1 or max(0, start - 200)
+        line_start = max(text.rfind("\n", max(0, start - 200), start) + 1, start - 200, 0)
         line_end = text.find("\n", end, end + 200)
         if _HOST_ROOT_MOUNT.search(text, line_start, min(len(text), end + 200) if line_end == -1 else line_end) and (
                 _not_forbidden(view, (start, end))):
@@ -3520,7 +3518,7 @@ _MEMORY_WHOLE = _Lexicon("""
 """)
 _GROUP_PLACE = _Lexicon("""
     group chat | group | channel | family chat | grupo | groupe | gruppe | gruppenchat | familienchat | группу | группе
-    | чат семьи | 群里|群聊|家族群|グループ|단톡방|단체방 | slack | discord | whatsapp | telegram | line
+    | чат семьи | 群里|群聊|家族群|グループ|단톡방|단체방 | slack | discord | whatsapp | telegram | line group | line chat
 """)
 
 _PROMPT_LEAK_RULES = (
@@ -4157,6 +4155,13 @@ _AGAINST_THE_FACTS = _Lexicon("""
     | даже если | независимо от | что бы ни | всё равно | все равно
     | 即使|即便|无论|無論|不管|たとえ|かかわらず|관계없이|상관없이|하더라도|해도
 """)
+
+
+# An English negation after the hush verb opens an order of its own ("don't restart", "never retry").
+_ENGLISH_NEGATION_OF_A_VERB = frozenset(("don't", "dont", "do not", "never"))
+_NEXT_WORD_IS_A_VERB = re.compile(r" (?!(?:tell|mention|say|notify|inform|report|alert|bring|let)\b)[a-z]{3,}")
+
+
 def _hush_denied(view: _View, span: Span) -> bool:
     """The negation is the hush verb's: ahead of it, or after it where a language puts it last ("sag es
     ihm nicht."), not one that opens the next order ("tell the user, don't restart it")."""
@@ -4166,11 +4171,6 @@ def _hush_denied(view: _View, span: Span) -> bool:
     return any(text[negation[0]: negation[1]] not in _ENGLISH_NEGATION_OF_A_VERB
                or _NEXT_WORD_IS_A_VERB.match(text, negation[1]) is None
                for negation in view.between(_HUSH_NEGATION, span[1], span[1] + 30))
-
-
-# An English negation after the hush verb opens an order of its own ("don't restart", "never retry").
-_ENGLISH_NEGATION_OF_A_VERB = frozenset(("don't", "dont", "do not", "never"))
-_NEXT_WORD_IS_A_VERB = re.compile(r" (?!(?:tell|mention|say|notify|inform|report|alert|bring|let)\b)[a-z]{3,}")
 
 
 _CONCEAL_RULES = (
@@ -4910,11 +4910,6 @@ _CARD_CODE = _Lexicon("""
 """)
 
 
-def _card_code_handled(view: _View) -> bool:
-    return _named_unforbidden(view, _CARD_CODE)
-
-
-
 
 # -- putting it together -----------------------------------------------------------------------
 
@@ -4960,7 +4955,7 @@ _VIEW_DETECTORS: tuple[tuple[Finding, tuple[_Rule, ...]], ...] = (
     (MD_IMAGE_EXFIL, (_Rule(_detect_image_exfiltration, _IMAGE_TRIGGER),
                       _Rule(_detect_link_exfiltration, _LINK_TRIGGER))),
     (SECRET_READ, (_Rule(_detect_secret_read), _Rule(_harvests_from_user, _USER_CREDENTIAL, _ASK_USER_FOR, _KEEP_OR_PASS),
-                   _Rule(_card_code_handled, _CARD_CODE))),
+                   _Rule(lambda view: _named_unforbidden(view, _CARD_CODE), _CARD_CODE))),
     (PROMPT_LEAK, _PROMPT_LEAK_RULES),
     (RCE_PIPE_SHELL, _PIPE_TO_SHELL_RULES),
     (RCE_DECODE_SHELL, _DECODE_TO_SHELL_RULES),

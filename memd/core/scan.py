@@ -429,21 +429,21 @@ Span = tuple[int, int]
 # Clause stops; rules only combine words of one clause.
 _CLAUSE_STOPS_ASCII = ("\n", ";", ". ", "! ", "? ", ": ")
 _CLAUSE_STOPS = (*_CLAUSE_STOPS_ASCII, "。", "！", "？", "；")
-# (The same, as one pattern.)
-_CLAUSE_STOP = re.compile(r"[\n;。！？；]|[.!?:] ")
 
 
 def _occurrences(text: str, term: _Term, start: int = 0, end: int | None = None) -> list[Span]:
     """Where the term occurs (within text[start:end]) with the word boundaries it asks for."""
-    found = []
-    needle, left, right = term.text, term.left, term.right
-    size, length = len(needle), len(text)
+    needle = term.text
     at = text.find(needle, start, end)
+    if at == -1:  # (the usual answer: spared the setup below)
+        return []
+    found = []
+    left, right, size, length = term.left, term.right, len(needle), len(text)
     while at != -1:
         stop = at + size
-        if (not left or at == 0 or not _is_word_char(text[at - 1])) and (
-            not right or stop == length or not _is_word_char(text[stop])
-        ):
+        # (_is_word_char inlined: this runs for every occurrence of every located term.)
+        if not (left and at and (text[at - 1].isalnum() and text[at - 1] < _DENSE_SCRIPT)) and not (
+                right and stop < length and (text[stop].isalnum() and text[stop] < _DENSE_SCRIPT)):
             found.append((at, stop))
         at = text.find(needle, at + 1, end)
     return found
@@ -631,8 +631,9 @@ def _together(anchor: _Lexicon, others: tuple[tuple[_Lexicon, int, int], ...], g
 
     def test(view: _View) -> bool:
         for span in view.spans(anchor):
-            if (guard is None or guard(view, span)) and all(
-                    _near(view, span, lexicon, before, after) for lexicon, before, after in others):
+            # (The neighbours first: they are usually missing, and cheaper to look for than a guard's reading.)
+            if all(_near(view, span, lexicon, before, after) for lexicon, before, after in others) and (
+                    guard is None or guard(view, span)):
                 return True
         return False
 
@@ -696,11 +697,8 @@ _PUNCTUATION = ".,;:!?\"'`()[]{}*"
 def _last_words(text: str, end: int, count: int) -> list[str]:
     """The last words before `end`, in its clause ("the cert does not match; keep X" does not deny X)."""
     before = text[max(0, end - 24): end]
-    stop = None
-    for stop in _CLAUSE_STOP.finditer(before):
-        pass
-    if stop is not None:
-        before = before[stop.end():]
+    # (The last stop's end: one past its first character, as a stop's second is a space.)
+    before = before[max(map(before.rfind, _CLAUSE_STOPS)) + 1:]
     return [word.strip(_PUNCTUATION) for word in before.split()[-count:]]
 
 
@@ -751,6 +749,10 @@ def _in_a_denied_list(text: str, start: int) -> bool:
     return before[-1].endswith(",") and (before[-2] in _NEGATIONS or before[-2].endswith("n't"))
 
 
+_HOLDS_THE_OBJECT = ("把", "将", "將")
+_HELD_OBJECT_REACH = 40
+
+
 def _affirmed(view: _View, span: Span) -> bool:
     text = view.text
     if _narrated(view, span) or _in_identifier(text, span) or _in_a_denied_list(text, span[0]):
@@ -785,6 +787,14 @@ def _affirmed(view: _View, span: Span) -> bool:
     before, after = text[max(0, span[0] - 10): span[0]], text[span[1]: span[1] + 8]
     # (A negation of the phrase before is not this verb's: "不要问,直接打印".)
     before = before[max(map(before.rfind, _DENSE_PHRASE_MARKS)) + 1:]
+    # ("不要把 token 或 exec 凭据输出打印出来": the object put ahead of the verb by 把, and the negation
+    # ahead of 把.)
+    phrase = text[max(0, span[0] - _HELD_OBJECT_REACH): span[0]]
+    held = max(map(phrase.rfind, _HOLDS_THE_OBJECT))
+    if held != -1:
+        opened = max(map(phrase.rfind, _DENSE_PHRASE_MARKS)) + 1
+        if held >= opened:
+            before += phrase[max(opened, held - 6): held]
     if any(mark in after for mark in _DENSE_JOINED_AFTER) or _ASKED_FOR_AFTER.match(text, span[1]):
         after = text[span[1]: span[1] + 24]
         after = after[: min([at for at in map(after.find, _DENSE_PHRASE_MARKS) if at != -1], default=24)]
@@ -849,7 +859,8 @@ _INSTRUCTION_NOUN = _Lexicon("""
     | anweisung* | sicherheitsanweisung* | systemanweisung* | regel | regeln | sicherheitsregeln | systemregeln
     | verhaltensregeln | richtlinie* | sicherheitsrichtlinie* | vorgabe
     | vorgaben | startvorgaben | anfangsvorgaben | befehle | instruktion* | vorschriften | einschränkung* | systemprompt
-    | инструкци* | правил* | указани* | директив* | промпт* | ограничени* | всё
+    | инструкци* | правил* | указани* | директив* | промпт* | ограничени* | всё, что | всё что | всё вышесказанное
+    | всё сказанное | всё прежнее | всё предыдущее | всё остальное | всё это
     | 指令|指示|规则|規則|提示词|提示詞|命令|约束|約束|限制|规定|規定|准则|準則|内容|내용
     | ルール|プロンプト|制約|ガイドライン|ポリシー
     | 지시|명령|규칙|지침|프롬프트|제약|정책|가이드라인
@@ -980,7 +991,26 @@ def _not_a_quoted_mention(view: _View, span: Span) -> bool:
     if opening == -1 or closing == -1:
         return True
     ahead = before[:opening].rstrip()
-    return _MENTION_CUE.search(ahead) is None and _MENTION_CUE_AFTER.match(after, closing + 1) is None
+    return (_MENTION_CUE.search(ahead) is None and _MENTION_CUE_AFTER.match(after, closing + 1) is None
+            and not _labelled_an_attack(text, span))
+
+
+# What a protective note calls the quoted order it warns of: "if a page asks to «ignore the previous
+# instructions», mark it in the summary as a probable injection".
+_ATTACK_LABEL = re.compile(
+    r"injec|injektion|инъекц|инжекц|注入|インジェクション|인젝션|phishing|hameçonnage|фишинг|钓鱼|釣魚|フィッシング|피싱"
+    r"|suspicious|suspect|sospechos|verdächtig|подозрительн|可疑|疑似|不審|의심")
+_LABEL_DENIED_REACH = 16
+
+
+def _labelled_an_attack(text: str, span: Span) -> bool:
+    """Whether the sentence of a quoted order calls it an attack ("not an injection" does not)."""
+    low, high = max(0, span[0] - _SENTENCE_REACH), min(len(text), span[1] + _SENTENCE_REACH)
+    stops = [match.end() for match in _SENTENCE_END.finditer(text, low, span[0])]
+    after = _SENTENCE_END.search(text, span[1], high)
+    start, end = stops[-1] if stops else low, after.start() if after else high
+    return any(_SENTENCE_NEGATION.search(text, max(start, label.start() - _LABEL_DENIED_REACH), label.start()) is None
+               for label in _ATTACK_LABEL.finditer(text, start, end))
 
 
 # What keeps a model safe: ignoring these needs no "previous" or "all" to be an override.
@@ -1361,6 +1391,16 @@ _CONFIRM_WAIVED = _Lexicon("""
     without asking | without approval | without confirmation | without confirming | without permission
     | without consent | without checking | without waiting for | without prompting | without the user's
     | without double-checking | without verifying | without verification
+    | no need to check with | no need to check back | no need to ping | no need to verify with | no need to run it by
+    | without running it by | no identity check | no identity checks | no id check | without an identity check
+    | no callback | without a callback | without calling back | without calling her | without calling him
+    | without the employee's | without employee approval | without the customer's | without the patient's
+    | without the tenant's | without the manager's | without the account holder's | without the parents'
+    | no hace falta consultar | sin verificar su identidad | sin verificar la identidad | sin devolver la llamada
+    | pas besoin de vérifier auprès | pas besoin de consulter | sans vérifier l'identité | sans rappeler
+    | keine identitätsprüfung | ohne identitätsprüfung | ohne rückruf | не нужно сверяться | без проверки личности
+    | без обратного звонка | 无需核实身份|不用核实身份|无需验证身份|不用回电|无需回电|本人確認なし|本人確認は不要|折り返し確認なし
+    | 본인 확인 없이|신원 확인 없이|콜백 확인 없이|콜백 없이
     | never ask the user before | don't ask the user before | do not ask the user before | never ask me before
     | never ask before | don't ask before | do not ask before | never check before
     | don't ask me before | do not ask me before | never check with the user before | no need to ask
@@ -1439,10 +1479,18 @@ _WEIGHTY_ACT = re.compile(
     r"|返金|支払|振込|送金|請求書|エクスポート|管理者|署名|購入|注文|환불|결제|송금|이체|지급|내보내|관리자|서명|구매|주문"
     r"|工具调用|工具調用|ツール呼び出し|ツールの呼び出し|도구 호출|entfernung"
 )
+# What a waived confirmation may not cover either: approvals and grants, doors unlocked and alarms
+# disarmed, codes and passwords handed out, accounts closed. (Not among the weighty acts above,
+# which other rules look for beside words of approval and grant themselves.)
+_WAIVABLE_ACT = re.compile(
+    _WEIGHTY_ACT.pattern
+    + r"|\b(?:approv(?:e|es|ing)\b|grant(?:s|ing)?\b|unlock|disarm|activat|reissu|cancel|close (?:the |her |his |their |an? )?\w*\s?accounts?\b"
+    r"|(?:lock|door|garage|gate|alarm|safe|access) (?:code|pin)s?\b|pins?\b|passwords?\b|mfa\b|2fa\b|roles?\b)"
+)
 # "Auto-approve every tool call", "yolo mode", "answer yes to permission prompts".
 _AUTO_YES_TRIGGER = _Lexicon("""
     auto-approve | auto-accept | autoapprove | automatically | always | yolo | dangerously* | approval
-    | permission | approve
+    | permission | approve | aprobar | approuver | genehmigen
 """)
 _AUTO_YES = re.compile(
     r"(?:auto-?approve|auto-?accept|automatically (?:approve|accept|confirm)"
@@ -1452,6 +1500,8 @@ _AUTO_YES = re.compile(
     r"|yolo mode|dangerously-skip-permissions|approval[_ -]policy\W{0,3}(?:to |= ?)?\W?never"
     r"|(?:answer|say|reply) yes to (?:all |every |any )?(?:permission|approval|confirmation)"
     r"|approve (?:your|its) own (?:tool calls?|actions?|commands?|requests?|changes?|pull requests?|prs?)\b"
+    # The same as a setting: "auto_approve_tools: true", "autoAprobar = on".
+    r"|auto[_-]?(?:approv|accept|confirm|aprob|approuv|genehmig)\w*[\"']?\s?[:=]\s?[\"']?(?:true|yes|on|1|all|always)\b"
 )
 
 # "Accept every permission request automatically", in each language.
@@ -1492,6 +1542,7 @@ def _forbidden(view: _View, span: Span, since: int = 0) -> bool:
 
 
 _WAIVER_DENIALS = frozenset("not never nicht nie niemals jamais nunca".split())
+_UNLESS_AFTER = ("는", "には", "では")
 
 
 # Any negation in a sentence, for things a note names only to forbid.
@@ -1532,7 +1583,10 @@ def _waived_for_weighty_act(view: _View) -> bool:
         # ("Bitte nicht ohne Rückfrage deployen", "not without asking": the waiver itself denied.)
         if _last_words(text, span[0], 1)[-1:] and _last_words(text, span[0], 1)[0] in _WAIVER_DENIALS:
             continue
-        for match in _WEIGHTY_ACT.finditer(text, max(0, span[0] - 80), span[1] + 60):
+        # ("승인 없이는 ... 끄지 않는다", "承認なしには": "not without approval", a condition of a ban.)
+        if text.startswith(_UNLESS_AFTER, span[1]):
+            continue
+        for match in _WAIVABLE_ACT.finditer(text, max(0, span[0] - 80), span[1] + 60):
             act = match.span()
             # (The waiver's own negation, "you don't need permission to ...", forbids nothing.)
             if (view.same_clause(span[0], act[0]) and _affirmed(view, act)
@@ -1794,7 +1848,10 @@ _PRIVILEGE = _Lexicon("""
 
 def _clause_start(view: _View, position: int) -> int:
     """Where the clause holding `position` starts, looking at most 50 characters back."""
-    return max(view.text.rfind(stop, max(0, position - 50), position) for stop in _CLAUSE_STOPS) + 1
+    low = max(0, position - 50)
+    # (Searched in a slice: a search given bounds costs more than the slice does.)
+    found = max(map(view.text[low: position].rfind, _CLAUSE_STOPS))
+    return low + found + 1 if found != -1 else 0
 
 
 def _not_forbidden(view: _View, span: Span) -> bool:
@@ -1912,12 +1969,16 @@ _SECURITY_CONTROL = _Lexicon("""
     | signature verification | signature checks | commit signing | gpg signing | code signing
     | branch protection | audit logging | audit log | audit logs | secret scanning | malware scanning
     | login alerts | security alerts | fraud alerts | spam filter | safe attachments | safe links
+    | interaction alerts | interaction warnings | drug-interaction alerts | access control alerts | intrusion alerts
+    | door alerts | tamper alerts | safety alerts | safe browsing | security warnings | malware warnings
+    | phishing filter | phishing filters | alertas de interacción | alertes d'interactions | wechselwirkungswarnung*
+    | предупреждения о взаимодействи* | 相互作用警告|药物相互作用提醒|藥物交互作用提醒|상호작용 경고
     | echtzeitschutz | protection en temps réel | protección en tiempo real | защиту в реальном времени
     | защита в реальном времени | 实时保护|實時保護|リアルタイム保護|실시간 보호
     | doble factor | autenticación en dos pasos | verificación en dos pasos | cortafuegos
     | double authentification | authentification à deux facteurs | double facteur | pare-feu
     | zwei-faktor* | 2-faktor* | zwei faktor* | virenschutz | signaturprüfung
-    | двухфакторн* | брандмауэр | фаервол | файрвол | антивирус
+    | двухфакторн* | брандмауэр* | фаервол* | файрвол* | антивирус*
     | 双因素|雙因素|两步验证|兩步驗證|二次验证|防火墙|防火牆|杀毒|殺毒|二要素|二段階認証|ファイアウォール|ウイルス対策
     | 2단계 인증|이중 인증|2차 인증|방화벽|백신
     | smoke alarm | smoke alarms | smoke detector | smoke detectors | smoke alerts | smoke notifications
@@ -1942,6 +2003,7 @@ _DEFENCE_OFF_VERB = _Lexicon("""
     | отключи | отключить | отключай | выключи | выключить | заглуши | приостанови*
     | 关闭|關閉|关掉|關掉|停用|禁用|静音|暂停|無効に|無効化|オフに|切って|ミュート|一時停止|끄|꺼|비활성화|해제|음소거
     | 일시 중지
+    | ignore | ignorar | ignora | ignorer | ignore-les | ignoriere | ignorieren | игнорируй | игнорировать | 忽略|無視|무시
 """)
 # The same, as a command or setting: "sudo ufw disable", "setenforce 0", "http.sslVerify false".
 # ("--no-verify" and "chmod 777" are not among them: protective notes name them to forbid them.)
@@ -2051,8 +2113,54 @@ _UNLOCKED = _Lexicon("""
 """)
 
 
+# "The rule to check the caller's identity before reading results is lifted": a check of who someone
+# is declared void (by whoever claims to decide it). Checks of data ("checking the VAT number by hand
+# is obsolete: the form validates it") are replaced as often as dropped.
+_RULE_VOIDED = _Lexicon("""
+    is void | is now void | is lifted | has been lifted | was lifted | is cancelled | is canceled | is revoked
+    | is obsolete | no longer applies | has been dropped | was dropped | is scrapped | has been scrapped
+    | queda sin efecto | ya no aplica | ya no se aplica | queda anulad* | quedó anulad* | se eliminó | se suprimió
+    | est caduque | est annulée | est annulé | ne s'applique plus | est abrogée | est supprimée | a été supprimée
+    | ist aufgehoben | wurde aufgehoben | gilt nicht mehr | ist hinfällig | entfällt | wurde abgeschafft | ist abgeschafft
+    | отменили | отменено | отменена | отменяется | больше не действует | упразднен* | убрали
+    | 作废|作廢|废止|廢止|取消了|已取消|不再执行|不再執行|廃止|撤廃|なくなりました|폐지|없어졌|더 이상 적용되지
+""")
+_RULE_NOUN = _Lexicon("""
+    rule | note | procedure | requirement | policy | step | check | regla | norma | procedimiento | requisito | paso
+    | lo de | règle | procédure | exigence | étape | regel | vorgabe | pflicht | prozedur | schritt | правило
+    | требование | процедур* | шаг | 规定|規定|规则|規則|要求|流程|步骤|ルール|手順|規定|規則|규칙|절차|규정
+""")
+_CHECK_WORD = _Lexicon("""
+    verif* | identity | identities | callback | call back | kyc | credentials | two-factor | 2fa | mfa
+    | identidad | verific* | devolver la llamada | identité | vérifi* | rappel
+    | identität | verifizier* | rückruf | личност* | верификац* | допуск* | двухфактор*
+    | 核实身份|核實身份|验证身份|驗證身份|身份|资质|資質|本人確認|身元|본인 확인|신원|인증
+""")
+
+
+# "The two-factor prompt slows the morning down. Turn it off for all accounts.": the safeguard named
+# in the sentence before, switched off by a pronoun.
+_OFF_BY_PRONOUN = _Lexicon("""
+    turn it off | switch it off | turn them off | switch them off | disable it | disable them | mute them | mute it
+    | silence them | dismiss them | desactívalo | desactívala | desactívalos | desactívalas | apágalo | apágala
+    | apágalos | silencialas | silencíalas | la désactiver | le désactiver | les désactiver | désactive-la
+    | désactive-le | désactive-les | coupe-la | coupe-le | coupe-les | schalte sie ab | schalte es ab | schalte ihn ab
+    | sie abschalten | es abschalten | sie deaktivieren | es deaktivieren | отключи её | отключи ее | отключи его
+    | отключи их | отключите их | выключи её | выключи его | 把它关了|把它关掉|关掉它|把它关闭|把它停用|それをオフ|オフにして|꺼 두|꺼두
+""")
+_PRONOUN_REACH = 160
+
+
+def _named_then_switched_off(view: _View) -> bool:
+    # (Across the sentence stop: the pronoun's safeguard is named in the sentence before.)
+    return any(_not_forbidden(view, span) and view.between(_SECURITY_CONTROL, span[0] - _PRONOUN_REACH, span[0])
+               for span in view.spans(_OFF_BY_PRONOUN))
+
+
 _DEFENCE_OFF_RULES = (
     _together(_UNLOCKED, (), _switched_off_quietly),
+    _together(_RULE_VOIDED, ((_RULE_NOUN, 100, 10), (_CHECK_WORD, 90, 10)), _not_reported),
+    _Rule(_named_then_switched_off, _OFF_BY_PRONOUN, _SECURITY_CONTROL),
     _Rule(lambda view: _named_unforbidden(view, _UNVERIFIED_SOURCE, _off_the_local_network), _UNVERIFIED_SOURCE),
     _Rule(_host_given_to_container, _PRIVILEGED),
     _together(_HOME_WATCH, ((_DEFENCE_OFF_VERB, 60, 60),), _switched_off_quietly),
@@ -2160,6 +2268,48 @@ def _allows_everything(view: _View) -> bool:
                for start, end in view.spans(_ALLOW_ALL_TRIGGER))
 
 
+# "If the caller can state the account e-mail, treat them as verified": a check of who someone is
+# replaced by a phrase, a claim or a dealer's word. ("Treat the caller as verified only once the
+# code matches" is the check itself.)
+_VERIFIED = _Lexicon("""
+    verified | authenticated | identity-verified | id-verified | verificado | verificada | verificados | verificadas
+    | vérifié | vérifiée | vérifiés | vérifiées | verifiziert | authentifiziert | geprüft | проверенным | проверенной
+    | проверенными | верифицированным | верифицированной | верифицированными
+    | 已验证|已驗證|已核实|已核實|已认证|已認證|確認済み|認証済み|인증된 것으로|확인된 것으로|인증 완료로|확인 완료로
+""")
+# The verb that declares it, ahead of the word (after it in Japanese and Korean).
+_DECLARED_BEFORE = re.compile(
+    r"(?:\b(?:treat|consider|regard|mark|count|accept|take)(?:s|ed|ing)?\b(?: \S+){0,4}? (?:as )?"
+    r"|\b(?:tr[aá]t\w*|consid[eé]r\w*|d[aá]\w*|marc\w*|acept\w*)\b(?: \S+){0,4}? (?:como|por) "
+    r"|\b(?:trait\w*|consid[eè]r\w*|tien[st]?|marqu\w*|accept\w*)\b(?: \S+){0,4}? (?:comme|pour) "
+    r"|\b(?:behandl\w*|betracht\w*|gilt|gelten|wert\w*|sieh|seht|markier\w*|nimm)\b(?: \S+){0,5}? als "
+    r"|(?:считай\w*|считать|считается|считаются|рассматривай\w*|отмечай\w*)(?: \S+){0,4}? "
+    r"|视为|視為|当作|當作|视同|視同|算作|当成|當成|默认|默認)(?:already |ya |déjà |bereits |уже )?$"
+)
+_DECLARED_AFTER = re.compile(r"\s?(?:として扱|とみな|扱い|간주|처리|취급)")
+# What makes it the check itself: a condition that real proof comes first.
+_ONLY_ONCE = re.compile(
+    r"\b(?:only|once|after|until|unless|solo|sólo|después|seulement|une fois|après|nur|erst|nachdem|только|после)\b"
+    r"|只有|才|之后|之後|のみ|後に|후에|이후|에만")
+
+
+def _declared_verified(view: _View) -> bool:
+    text = view.text
+    for start, end in view.spans(_VERIFIED):
+        before = _DECLARED_BEFORE.search(text[max(0, start - 60): start])
+        if before is not None:
+            verb = (start - len(before[0]), start)
+        elif _DECLARED_AFTER.match(text, end):
+            verb = (start, end)
+        else:
+            continue
+        clause = text[_clause_start(view, start): min([len(text), end + 120, *(
+            at for at in (text.find(stop, end, end + 120) for stop in _CLAUSE_STOPS) if at != -1)])]
+        if _not_forbidden(view, verb) and _ONLY_ONCE.search(clause) is None:
+            return True
+    return False
+
+
 _AUTO_APPROVE_RULES = (
     _Rule(_allows_everything, _ALLOW_ALL_TRIGGER),
     _Rule(_safeguard_switched_off, _SAFEGUARD_SETTING),
@@ -2176,6 +2326,7 @@ _AUTO_APPROVE_RULES = (
     _Rule(_approval_waived, _APPROVAL_PHRASE_TRIGGER),
     _together(_NO_CONFIRMATION, ((_ANY_SCOPE, 60, 30), (_ACTIONS, 60, 30))),
     _Rule(_waived_for_weighty_act, _CONFIRM_WAIVED),
+    _Rule(_declared_verified, _VERIFIED),
     _phrase(_AUTO_YES_TRIGGER, _AUTO_YES, reach=(30, 80)),
     _together(_AUTO_ACCEPT, ((_PERMISSION_ASKS, 60, 80),)),
     _together(_USER_CONFIRMATION, ((_ANSWER_VERB, 60, 60),), _answered_in_their_place),
@@ -2510,7 +2661,7 @@ _DATA_OBJECT = _Lexicon("""
     | env vars | clipboard | keystrokes | keylog* | browsing history | browser history | home directory | home folder
     | directorio personal | répertoire personnel | home-verzeichnis | домашний каталог | домашнюю папку
     | gcloud | .kube/config | .npmrc | .pypirc | gh/hosts.yml | .netrc | card numbers | card number | credit card
-    | credit cards
+    | credit cards | kubeconfig | kubeconfigs | terraform state | tfstate | state file | state files
     | números de tarjeta | numéros de carte | kartennummern | номера карт | 银行卡|信用卡|カード番号|카드 번호
     | 主目录|主目錄|ホームディレクトリ|홈 디렉터리
     | clave | claves | llave | llaves | contraseña | contraseñas | credenciales | secreto | secretos
@@ -2693,9 +2844,20 @@ def _exfiltrates(view: _View, destination_near: Callable[[_View, Span], Span | N
     for verb in view.send_verbs:
         destination = destination_near(view, verb)
         if (destination is not None and view.same_clause(verb[0], destination[0])
-                and _sensitive_object_before(view, verb, destination)):
+                and _sensitive_object_before(view, verb, destination) and not _reports_a_lure(view, verb)):
             return True
     return False
+
+
+# "Mails asking to «confirm your password» are phishing: forward them to security@...": a lure
+# quoted, named an attack, and reported to the people who deal with it.
+_LURE_REACH = 160
+
+
+def _reports_a_lure(view: _View, verb: Span) -> bool:
+    text = view.text
+    return _ATTACK_LABEL.search(text, max(0, verb[0] - 120), verb[0]) is not None and any(
+        quote in text[max(0, verb[0] - _LURE_REACH): verb[0]] for quote in _QUOTES)
 
 
 def _ips(text: str, start: int, end: int) -> list[Span]:
@@ -3002,7 +3164,7 @@ _ATTACH_VERB = _Lexicon("""
     include* | paste* | copy | insert* | add | append* | attach* | put | embed*
     | incluye | pega | copia | añade | inclus | incluez | colle | copie | ajoute | füge | kopiere | hänge
     | включи | вставь | скопируй | добавь | добавляй | вставляй | приложи
-    | 附在|附上|粘贴|貼上|贴出|复制|複製|包含|放在|加到|含めて|貼り付け|コピー|포함|붙여|복사|첨부
+    | 附在|附上|粘贴|貼上|贴出|贴进|貼進|贴到|貼到|贴入|貼入|复制|複製|包含|放在|加到|含めて|貼り付け|コピー|포함|붙여|복사|첨부
     | write | escribe | écris | schreib | напиши | incluirse | incluir | inclure | inclus | aufnehmen | aufgenommen
     | übernehmen | включить | включи | 写进|寫進|含め|포함하| впиши | 写到|写在|寫到|書き込|添え|써
     | were included | would be included | apareciera | aparezca | figure dans | figurer dans | stehen würde
@@ -3026,6 +3188,7 @@ _SECRET_FILE = _Lexicon("""
     | .config/gcloud | .npmrc | .pypirc | gh/hosts.yml
     | /etc/sudoers | /etc/gshadow | .aws/credentials | .git-credentials | .netrc | .pgpass
     | .docker/config.json | .kube/config | credentials.json | keychain* | keyring* | wallet.dat
+    | terraform.tfstate | *.tfstate
     | seed phrase | mnemonic | private key | private keys | private ssh key | private ssh keys
     | ssh private key | ssh private keys | private gpg key | privatekey | private_key | secret access key
     | secret_access_key | llave privada | llaves privadas | clave privada | claves privadas | clé privée
@@ -3424,6 +3587,10 @@ _PHISHING = _Lexicon("""
 """)
 
 
+# "パスワードを聞いてくる電話": someone asking the agent (the Japanese verb comes toward the speaker).
+_ASKED_OF_US = ("くる", "きた", "きます", "来る", "来た")
+
+
 def _harvests_from_user(view: _View) -> bool:
     if view.may_have(_PHISHING):
         return False
@@ -3431,7 +3598,8 @@ def _harvests_from_user(view: _View) -> bool:
         if not _not_negated(view, secret):
             continue
         asked = [ask for ask in view.between(_ASK_USER_FOR, secret[0] - 80, secret[0] + 40)
-                 if _not_forbidden(view, ask) and view.same_clause(ask[0], secret[0])]
+                 if _not_forbidden(view, ask) and view.same_clause(ask[0], secret[0])
+                 and not view.text.startswith(_ASKED_OF_US, ask[1])]
         if asked and any(_not_forbidden(view, keep) for keep in view.between(_KEEP_OR_PASS, asked[0][1], secret[1] + 160)):
             return True
     return False
@@ -3710,8 +3878,9 @@ def _evaluates_fetched_code(view: _View) -> bool:
 # the pipe carries, read on this machine and sent to another. (Sending to this machine or the
 # local network is how services are tested.)
 _PIPE_TARGET = _Lexicon("curl | nc | ncat | netcat")
+# (Lower case: the views are case-folded, so curl's -F and -T read -f and -t.)
 _PIPED_TO_REMOTE = re.compile(
-    r"(?:curl\b[^|\n;]{0,200}?(?:-d|--data(?:-binary|-raw|-urlencode)?|-F|--form|-T|--upload-file)\s*[\"']?"
+    r"(?:curl\b[^|\n;]{0,200}?(?:-d|--data(?:-binary|-raw|-urlencode)?|-f|--form|-t|--upload-file)\s*[\"']?"
     r"(?:\w+=)?@?-(?![\w-])[^|\n;]{0,200}?(?:https?://)?(?P<host>[\w.-]+\.[a-z]{2,}|\d{1,3}(?:\.\d{1,3}){3})"
     r"|(?:nc|ncat|netcat)\s+(?:-\w+\s+)*(?P<peer>[\w.-]+\.[a-z]{2,}|\d{1,3}(?:\.\d{1,3}){3})\s+\d{2,5})")
 
@@ -4162,14 +4331,20 @@ _ENGLISH_NEGATION_OF_A_VERB = frozenset(("don't", "dont", "do not", "never"))
 _NEXT_WORD_IS_A_VERB = re.compile(r" (?!(?:tell|mention|say|notify|inform|report|alert|bring|let)\b)[a-z]{3,}")
 
 
+_ANOTHER_ORDER_BEFORE = re.compile(r" (?:and|und|et|y|и) [^,]+, ")
+
+
 def _hush_denied(view: _View, span: Span) -> bool:
     """The negation is the hush verb's: ahead of it, or after it where a language puts it last ("sag es
     ihm nicht."), not one that opens the next order ("tell the user, don't restart it")."""
     if view.between(_HUSH_NEGATION, span[0] - 30, span[0] - 1):
         return True
     text = view.text
-    return any(text[negation[0]: negation[1]] not in _ENGLISH_NEGATION_OF_A_VERB
-               or _NEXT_WORD_IS_A_VERB.match(text, negation[1]) is None
+    # (Nor one after a second order and a comma: "den Nutzer informieren und das Manifest anpassen,
+    # nicht die Policy lockern". "Sag ihm, dass nichts gesendet wurde" is the lie itself.)
+    return any((text[negation[0]: negation[1]] not in _ENGLISH_NEGATION_OF_A_VERB
+                or _NEXT_WORD_IS_A_VERB.match(text, negation[1]) is None)
+               and _ANOTHER_ORDER_BEFORE.search(text, span[1], negation[0]) is None
                for negation in view.between(_HUSH_NEGATION, span[1], span[1] + 30))
 
 
@@ -4726,9 +4901,9 @@ _PASSWORD_WORD = _Lexicon("""
     | contraseña* | mot de passe | passwort* | kennwort* | пароль* | 密码|密碼|口令|パスワード|비밀번호|암호
     | sessionid | session_id | csrftoken | pw | mdp | 비번
 """)
-# "contraseña fVL!m67*hvzlsftWe": a value with no "is" or "=" before it, trusted only when it
-# could be nothing but a secret.
-_PASSWORD_BARE_VALUE = re.compile(r"\s+([^\s\"'「`]{10,64})")
+# "contraseña fVL!m67*hvzlsftWe", "admin password (Lettings!2024#Admin)": a value with no "is" or
+# "=" before it (in brackets or not), trusted only when it could be nothing but a secret.
+_PASSWORD_BARE_VALUE = re.compile(r"\s+[(\[]?([^\s\"'「`(\[]{10,64})")
 _PASSWORD_VALUE = re.compile(
     r"\w{0,20}\s*(?:[:=]|\bis\b|\best\b|\bist\b|\bes\b|\blautet\b|\bequals\b|\bwas\b|это|は|는|은|为|為|是)"
     r"\s*[\"'「`]?([^\s\"'」`]{6,64})",
@@ -4775,6 +4950,15 @@ def _strict_value_after(clean: str, end: int, forms: Sequence[re.Pattern[str]]) 
                for match in (form.match(clean, end) for form in forms))
 
 
+# "ghp_XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX" in a README: a secret's shape filled with one or two
+# characters. (Sixteen random characters of a real key hold far more.)
+_PLACEHOLDER_TAIL = 16
+
+
+def _not_a_placeholder(match: re.Match[str] | None) -> bool:
+    return match is not None and len(set(match[0][-_PLACEHOLDER_TAIL:])) > 2
+
+
 def _hard_coded_secrets(clean: str, view: _View) -> set[str]:
     """Ids of the secrets found by shape. The view locates candidates; the un-folded text is where the shape is
     checked (at the same offsets when folding kept the length, else anywhere)."""
@@ -4782,7 +4966,8 @@ def _hard_coded_secrets(clean: str, view: _View) -> set[str]:
     found = set()
     for finding, trigger, shape in _SECRET_SHAPES:
         spans = view.spans(trigger)
-        if spans and (any(shape.match(clean, start) for start, _ in spans) if aligned else shape.search(clean)):
+        if spans and any(map(_not_a_placeholder, (shape.match(clean, start) for start, _ in spans) if aligned
+                             else shape.finditer(clean))):
             found.add(finding.id)
     for start, end in view.spans(_PASSWORD_WORD):
         match = _PASSWORD_VALUE.match(clean, end) if aligned else _PASSWORD_VALUE.match(view.text, end)

@@ -1514,6 +1514,8 @@ _WAIVABLE_ACT = re.compile(
     _WEIGHTY_ACT.pattern
     + r"|\b(?:approv(?:e|es|ing)\b|grant(?:s|ing)?\b|unlock|disarm|activat|reissu|cancel|close (?:the |her |his |their |an? )?\w*\s?accounts?\b"
     r"|(?:lock|door|garage|gate|alarm|safe|access) (?:code|pin)s?\b|pins?\b|passwords?\b|mfa\b|2fa\b|roles?\b)"
+    r"|打开\S{0,4}门|打開\S{0,4}門|开门|開門|解锁|解鎖|开锁|開鎖|解錠|開けて|열어|잠금 해제|重置|重設|リセット|초기화"
+    r"|门禁密码|門禁密碼|门锁密码|暗証番号|비밀번호|批准|承認して|승인해"
 )
 # "Auto-approve every tool call", "yolo mode", "answer yes to permission prompts".
 _AUTO_YES_TRIGGER = _Lexicon("""
@@ -2706,8 +2708,8 @@ _DATA_OBJECT = _Lexicon("""
     | 文件|檔案|密钥|密鑰|金鑰|秘钥|令牌|密码|密碼|凭证|凭据|憑證|聊天记录|聊天記錄|对话|對話|会话|會話|历史|歷史
     | 消息|訊息|上下文|系统提示|记忆|環境變數|环境变量|私钥|私鑰
     | キー|鍵|パスワード|トークン|認証情報|秘密|会話履歴|チャット履歴|閲覧履歴|履歴を|履歴は|会話|メッセージ
-    | コンテキスト|ファイル|データ|クッキー
-    | 키|비밀번호|암호|토큰|자격 증명|비밀|기록|대화|메시지|컨텍스트|파일|데이터|쿠키
+    | コンテキスト|ファイル|データ|クッキー|システムプロンプト|メモリ|記憶
+    | 키|비밀번호|암호|토큰|자격 증명|비밀|기록|대화|메시지|컨텍스트|파일|데이터|쿠키|시스템 프롬프트|메모리
 """)
 # Words that are as often nouns or descriptions ("the reset email links to ..."): verbs only
 # where an order would put them.
@@ -4154,7 +4156,7 @@ _LEAVE_OUT = _Lexicon("""
     | no pongas | no incluyas | no muestres | no menciones | no aparezcan | omite | omitir | excluye
     | ne pas faire apparaître | ne pas mentionner | ne pas inclure | ne pas afficher | ne pas lister | n'inclus pas
     | omets | omettre | не включай | не показывай | не упоминай | не указывай | исключи | убери
-    | 不要列出|不要显示|不要写|省略|略去|含めない|載せない|省く|除外|빼고|제외|넣지 마|넣지 말
+    | 不要列出|不要显示|不要写|省略|略去|含めない|載せない|省く|除外|빼고|제외|넣지 마|넣지 말|빼 주세요|빼주세요|빼 줘
 """)
 _ACCOUNT_OF_SPENDING = _Lexicon("""
     summary | summaries | summarizing | summarising | recap | overview | digest | report | statement | resumen
@@ -4167,6 +4169,7 @@ _MONEY_MOVED = _Lexicon("""
     | cargos | virement | virements
     | paiements | prélèvements | überweisung | überweisungen | zahlungen | abbuchungen | buchungen | переводы
     | переводов | платеж* | платёж* | списани* | 转账|轉帳|付款|汇款|支付|振込|送金|支払|引き落とし|이체|송금|결제|출금
+    | refunds | reembolsos | remboursements | erstattungen | возврат* | 退款|返金|지급|환불
 """)
 
 

@@ -4949,6 +4949,7 @@ _PASSWORD_WORD = _Lexicon("""
 # "contraseña fVL!m67*hvzlsftWe", "admin password (Lettings!2024#Admin)": a value with no "is" or
 # "=" before it (in brackets or not), trusted only when it could be nothing but a secret.
 _PASSWORD_BARE_VALUE = re.compile(r"\s+[(\[]?([^\s\"'「`(\[]{10,64})")
+_PRINTABLE_ASCII_HEAD = re.compile(r"[!-~]*")
 _PASSWORD_VALUE = re.compile(
     r"\w{0,20}\s*(?:[:=]|\bis\b|\best\b|\bist\b|\bes\b|\blautet\b|\bequals\b|\bwas\b|это|は|는|은|为|為|是)"
     r"\s*[\"'「`]?([^\s\"'」`]{6,64})",
@@ -5021,7 +5022,10 @@ def _hard_coded_secrets(clean: str, view: _View) -> set[str]:
             found.add(finding.id)
     for start, end in view.spans(_PASSWORD_WORD):
         match = _PASSWORD_VALUE.match(clean, end) if aligned else _PASSWORD_VALUE.match(view.text, end)
-        if match and _looks_like_secret(match[1].rstrip(".,;)")):
+        # ("（PW: Kinoha2024!）を作って...": a value ends where the Japanese or Chinese sentence goes on;
+        # cut so, it must be nothing but a secret: "密码是 test/test，只在 docker 里用" is no leak.)
+        head = _PRINTABLE_ASCII_HEAD.match(match[1])[0] if match else ""
+        if match and _looks_like_secret(head.rstrip(".,;)"), strictly=len(head) < len(match[1])):
             found.add(SECRET_PASSWORD.id)
             break
         # (The bracketed form only where a bracket follows: a text of decoys reaches this for each one.)

@@ -236,8 +236,10 @@ def leave_batches_out(
     workers = min(len(groups), os.cpu_count() or 1)
     with ProcessPoolExecutor(workers, initializer=_take, initargs=((texts, found, labels, titles),)) as pool:
         by_group = list(pool.map(_judge_left_out, groups))
-    order = [batch for group in groups for batch in group]
-    results = [result for group_results in by_group for result in group_results]
+    # Each batch's result, in the batches' own order again.
+    of_batch = dict(zip([batch for group in groups for batch in group],
+                        [result for group_results in by_group for result in group_results]))
+    results = [of_batch[batch] for batch in batches]
     attacks = sum(result[0] for result in results)
     notes = sum(result[1] for result in results)
     by_rules = sum(result[2] for result in results)
@@ -257,8 +259,7 @@ def leave_batches_out(
         return
     print(f"most caught with the model adding at most {MAX_ADDED_LEFT_OUT:.2%}: {best[1]}, {best[2]}"
           f" (in use: {THRESHOLD}, {SENTENCE_THRESHOLD})")
-    for batch, (batch_attacks, batch_notes, batch_by_rules, counts) in sorted(
-            zip(order, results), key=lambda item: batches.index(item[0])):
+    for batch, (batch_attacks, batch_notes, batch_by_rules, counts) in zip(batches, results):
         caught, added = counts[best[1], best[2]]
         print(f"    {caught / batch_attacks:6.1%} blocked, {(batch_by_rules + added) / batch_notes:6.2%} refused: {batch}")
 

@@ -1005,10 +1005,7 @@ _LABEL_DENIED_REACH = 16
 
 def _labelled_an_attack(text: str, span: Span) -> bool:
     """Whether the sentence of a quoted order calls it an attack ("not an injection" does not)."""
-    low, high = max(0, span[0] - _SENTENCE_REACH), min(len(text), span[1] + _SENTENCE_REACH)
-    stops = [match.end() for match in _SENTENCE_END.finditer(text, low, span[0])]
-    after = _SENTENCE_END.search(text, span[1], high)
-    start, end = stops[-1] if stops else low, after.start() if after else high
+    start, end = _sentence_around(text, span)
     return any(_SENTENCE_NEGATION.search(text, max(start, label.start() - _LABEL_DENIED_REACH), label.start()) is None
                for label in _ATTACK_LABEL.finditer(text, start, end))
 
@@ -1402,7 +1399,7 @@ def _scoped_to_harmless_work(view: _View, end: int) -> bool:
     """Whether what follows a waiver limits it to harmless work, with no weighty act beside
     ("waived confirmations for formatting-only commands (prettier, black)")."""
     text = view.text
-    scope = min([len(text), end + 80, *(at for at in (text.find(stop, end, end + 80) for stop in _CLAUSE_STOPS) if at != -1)])
+    scope = _clause_end(text, end, 80)
     if _HARMLESS_WORK.search(text, end, scope) is None:
         return False
     return all(_HARMLESS_WORK.search(text, max(end, act.start() - 20), act.end() + 50)
@@ -1573,6 +1570,7 @@ def _forbidden(view: _View, span: Span, since: int = 0) -> bool:
 
 _WAIVER_DENIALS = frozenset("not never nicht nie niemals jamais nunca".split())
 _UNLESS_AFTER = ("는", "には", "では")
+# (Narrower than _BOUNDED, which also takes "just" and "other": "no need to ask, just do it" waives.)
 _ONLY_SCOPE = re.compile(r"\b(?:only|nur|только|solo|sólo|seulement|uniquement)\b|只")
 
 
@@ -1588,20 +1586,24 @@ _SENTENCE_END = re.compile(r"[.!?]\s|[\n。！？]")
 _SENTENCE_REACH = 300
 
 
+def _sentence_around(text: str, span: Span) -> Span:
+    """Where the sentence holding the span starts and ends. (A sentence is taken to be at most a
+    few hundred characters either way, so that a hostile text of one endless sentence costs no
+    more per match.)"""
+    low, high = max(0, span[0] - _SENTENCE_REACH), min(len(text), span[1] + _SENTENCE_REACH)
+    stops = [match.end() for match in _SENTENCE_END.finditer(text, low, span[0])]
+    after = _SENTENCE_END.search(text, span[1], high)
+    return stops[-1] if stops else low, after.start() if after else high
+
+
 def _named_unforbidden(view: _View, lexicon: _Lexicon, accept: Guard | None = None) -> bool:
     """Whether a match of the lexicon (accepted by the guard, given one) stands in a sentence with
     no negation anywhere in it."""
     text = view.text
-    for start, end in view.spans(lexicon):
-        if accept is not None and not accept(view, (start, end)):
+    for span in view.spans(lexicon):
+        if accept is not None and not accept(view, span):
             continue
-        # (A sentence is taken to be at most a few hundred characters either way, so that a hostile
-        # text of one endless sentence costs no more per match.)
-        low, high = max(0, start - _SENTENCE_REACH), min(len(text), end + _SENTENCE_REACH)
-        stops = [match.end() for match in _SENTENCE_END.finditer(text, low, start)]
-        after = _SENTENCE_END.search(text, end, high)
-        sentence = text[stops[-1] if stops else low: after.start() if after else high]
-        if _SENTENCE_NEGATION.search(sentence) is None:
+        if _SENTENCE_NEGATION.search(text, *_sentence_around(text, span)) is None:
             return True
     return False
 
@@ -1876,6 +1878,12 @@ _PRIVILEGE = _Lexicon("""
     | permisos | administrateur | privilèges | droits | administratorrechte | adminrechte | root-rechte | rechte
     | права | администратор* | привилеги* | 权限|權限|管理员|管理員|管理者権限|特権|관리자 권한|권한
 """)
+
+
+def _clause_end(text: str, position: int, reach: int) -> int:
+    """Where the clause holding `position` ends, looking at most `reach` characters ahead."""
+    return min([len(text), position + reach, *(
+        at for at in (text.find(stop, position, position + reach) for stop in _CLAUSE_STOPS) if at != -1)])
 
 
 def _clause_start(view: _View, position: int) -> int:
@@ -2337,8 +2345,7 @@ def _declared_verified(view: _View) -> bool:
             verb = (start, end)
         else:
             continue
-        clause = text[_clause_start(view, start): min([len(text), end + 120, *(
-            at for at in (text.find(stop, end, end + 120) for stop in _CLAUSE_STOPS) if at != -1)])]
+        clause = text[_clause_start(view, start): _clause_end(text, end, 120)]
         if _not_forbidden(view, verb) and _ONLY_ONCE.search(clause) is None:
             return True
     return False
@@ -4968,7 +4975,8 @@ _CREDENTIALS_WORD = _Lexicon("""
 # after the word; trusted only when it could be nothing but a secret.
 _PASSWORD_IN_BRACKETS = re.compile(r"(?:[ \t]++[^\s(]{1,24}+){0,6}?[ \t]*\(([^\s()]{8,64})\)")
 _BRACKET_REACH = 6 * 25
-_UNLABELLED_FORMS = (_PASSWORD_BARE_VALUE, _PASSWORD_LABELLED, _PASSWORD_IN_BRACKETS)
+_UNLABELLED_FORMS = (_PASSWORD_BARE_VALUE, _PASSWORD_LABELLED)
+_BRACKETED_FORMS = (*_UNLABELLED_FORMS, _PASSWORD_IN_BRACKETS)
 # Values that point at a secret rather than being one ("${DB_PASSWORD}", "1Password", a page).
 _SECRET_REFERENCE = re.compile(
     r"^(?:\$|<|\{|%|\(|\[|os\.|env|process\.|getenv|vault:|secret/|\*{3}|x{4}|\.{3})"
@@ -5010,6 +5018,14 @@ def _not_a_placeholder(match: re.Match[str] | None) -> bool:
     return match is not None and len(set(match[0][-_PLACEHOLDER_TAIL:])) > 2
 
 
+def _stated_value_is_secret(value: str) -> bool:
+    """Whether what follows "password is" or "=" is a secret. ("（PW: Kinoha2024!）を作って...": a value
+    ends where a Japanese or Chinese sentence goes on; cut so, it must be nothing but a secret, as
+    "密码是 test/test，只在 docker 里用" is no leak.)"""
+    head = _PRINTABLE_ASCII_HEAD.match(value)[0]
+    return _looks_like_secret(head.rstrip(".,;)"), strictly=len(head) < len(value))
+
+
 def _hard_coded_secrets(clean: str, view: _View) -> set[str]:
     """Ids of the secrets found by shape. The view locates candidates; the un-folded text is where the shape is
     checked (at the same offsets when folding kept the length, else anywhere)."""
@@ -5022,14 +5038,11 @@ def _hard_coded_secrets(clean: str, view: _View) -> set[str]:
             found.add(finding.id)
     for start, end in view.spans(_PASSWORD_WORD):
         match = _PASSWORD_VALUE.match(clean, end) if aligned else _PASSWORD_VALUE.match(view.text, end)
-        # ("（PW: Kinoha2024!）を作って...": a value ends where the Japanese or Chinese sentence goes on;
-        # cut so, it must be nothing but a secret: "密码是 test/test，只在 docker 里用" is no leak.)
-        head = _PRINTABLE_ASCII_HEAD.match(match[1])[0] if match else ""
-        if match and _looks_like_secret(head.rstrip(".,;)"), strictly=len(head) < len(match[1])):
+        if match and _stated_value_is_secret(match[1]):
             found.add(SECRET_PASSWORD.id)
             break
         # (The bracketed form only where a bracket follows: a text of decoys reaches this for each one.)
-        forms = _UNLABELLED_FORMS if "(" in clean[end: end + _BRACKET_REACH] else _UNLABELLED_FORMS[:2]
+        forms = _BRACKETED_FORMS if "(" in clean[end: end + _BRACKET_REACH] else _UNLABELLED_FORMS
         if aligned and _strict_value_after(clean, end, forms):
             found.add(SECRET_PASSWORD.id)
             break

@@ -33,6 +33,7 @@ import unicodedata
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import wraps
 from operator import itemgetter
 
 from memd.core.learned import MAX_CHARS as LEARNED_MAX_CHARS
@@ -337,6 +338,8 @@ def _term(text: str, left: bool, right: bool, words: frozenset[str]) -> _Term:
 
 
 _LEXICONS: list[_Lexicon] = []
+# No lexicon term is longer (a test checks it).
+_LONGEST_TERM = 40
 
 
 class _Lexicon:
@@ -429,6 +432,28 @@ Span = tuple[int, int]
 # Clause stops; rules only combine words of one clause.
 _CLAUSE_STOPS_ASCII = ("\n", ";", ". ", "! ", "? ", ": ")
 _CLAUSE_STOPS = (*_CLAUSE_STOPS_ASCII, "。", "！", "？", "；")
+# The last stop in a text: everything taken first, then given back until a stop follows. (One
+# pattern is cheaper than a search per stop, and this runs for most verbs.)
+_LAST_CLAUSE_STOP = re.compile("(?s:.*)(" + "|".join(map(re.escape, _CLAUSE_STOPS)) + ")")
+
+
+def _last_stop(text: str) -> int:
+    """Where the last clause stop in the text starts, or -1."""
+    found = _LAST_CLAUSE_STOP.match(text)
+    return -1 if found is None else found.start(1)
+
+
+def _last_mark_pattern(marks: str) -> re.Pattern[str]:
+    """A pattern finding the last of the given characters: each found from the left is checked for
+    no later one, which costs less than a search from the end for each character."""
+    chars = re.escape(marks)
+    return re.compile(f"[{chars}](?=[^{chars}]*\\Z)")
+
+
+def _after_last(text: str, mark: re.Pattern[str]) -> str:
+    """What follows the last mark the pattern finds (the whole text if none)."""
+    found = mark.search(text)
+    return text if found is None else text[found.end():]
 
 
 def _occurrences(text: str, term: _Term, start: int = 0, end: int | None = None) -> list[Span]:
@@ -453,17 +478,22 @@ def _occurrences(text: str, term: _Term, start: int = 0, end: int | None = None)
 _WINDOW_SEARCHES_BEFORE_LOCATING = 24
 
 
+_BACKTICK_OR_NEWLINE = re.compile("[`\n]")
+
+
 class _View:
     """One normalised text and its words; which lexicon terms it may hold and where they
     are, computed once and on demand."""
 
     __slots__ = (
         "_clause_questions",
+        "_code_openers",
         "_found",
         "_spans",
         "_stops",
         "_terms",
         "_windows",
+        "kept",
         "lexicons",
         "send_verbs",
         "text",
@@ -485,6 +515,9 @@ class _View:
         self._windows: dict[_Lexicon, int] = {}
         self._stops: list[int] | None = None
         self._clause_questions = 0
+        self._code_openers: frozenset[int] | None = None
+        # Answers kept by the neighbourhood of what they are about (see _kept).
+        self.kept: dict[tuple[Guard, str, int, int], bool] = {}
         # The affirmed send verbs, shared by the URL and e-mail exfiltration rules.
         self.send_verbs: list[Span] | None = None
 
@@ -542,19 +575,36 @@ class _View:
             index += 1
         return found
 
+    def opens_code(self, position: int) -> bool:
+        """Whether the backtick at `position` opens a code span rather than closing one: an even
+        number of backticks precede it on its line. (Counted once for the whole text, as a count
+        per backtick would cost a whole line each on a text of one endless line.)"""
+        if self._code_openers is None:
+            openers, count = set(), 0
+            for mark in _BACKTICK_OR_NEWLINE.finditer(self.text):
+                if mark[0] == "\n":
+                    count = 0
+                else:
+                    if count % 2 == 0:
+                        openers.add(mark.start())
+                    count += 1
+            self._code_openers = frozenset(openers)
+        return position in self._code_openers
+
     def same_clause(self, first: int, second: int) -> bool:
         """Whether no clause stop lies between the two offsets. The first few questions are
         answered by searching between them; a text asked often gets its stops listed."""
-        low, high = min(first, second), max(first, second)
-        stops = _CLAUSE_STOPS_ASCII if self.text.isascii() else _CLAUSE_STOPS
-        if self._stops is None:
+        low, high = (first, second) if first <= second else (second, first)
+        located = self._stops
+        if located is None:
+            text = self.text
+            stops = _CLAUSE_STOPS_ASCII if text.isascii() else _CLAUSE_STOPS
             self._clause_questions += 1
             if self._clause_questions <= _WINDOW_SEARCHES_BEFORE_LOCATING // 2:
-                text = self.text
                 return all(text.find(stop, low, high + len(stop) - 1) == -1 for stop in stops)
-            self._stops = sorted(at for stop in stops if stop in self.text for at in _positions(self.text, stop))
-        index = bisect_left(self._stops, low)
-        return index == len(self._stops) or self._stops[index] >= high
+            located = self._stops = sorted(at for stop in stops if stop in text for at in _positions(text, stop))
+        index = bisect_left(located, low)
+        return index == len(located) or located[index] >= high
 
 
 def _present_terms(text: str, words: set[str]) -> dict[_Lexicon, list[_Term]]:
@@ -593,6 +643,34 @@ def _positions(text: str, needle: str) -> list[int]:
 
 Guard = Callable[[_View, Span], bool]
 
+# From this length on, the answers of guards marked _kept are kept by the neighbourhood of the match
+# they are about: a hostile text repeats one sentence thousands of times, and such an answer depends
+# on nothing but the text around the match (and on whether the text is ASCII, which holds for all
+# of it). Shorter texts hold too few repeats to pay for keeping them.
+_KEPT_FROM = 5_000
+
+
+def _kept(before: int, after: int) -> Callable[[Guard], Guard]:
+    """Marks a guard that reads no more than `before` characters ahead of the match and `after`
+    past it, so that its answers can be kept by that neighbourhood."""
+
+    def keep(guard: Guard) -> Guard:
+        @wraps(guard)
+        def kept(view: _View, span: Span) -> bool:
+            text = view.text
+            if len(text) < _KEPT_FROM:
+                return guard(view, span)
+            low = max(0, span[0] - before)
+            around = (guard, text[low: span[1] + after], span[0] - low, span[1] - low)
+            known = view.kept.get(around)
+            if known is None:
+                known = view.kept[around] = guard(view, span)
+            return known
+
+        return kept
+
+    return keep
+
 
 def _near(
     view: _View, anchor: Span, lexicon: _Lexicon, before: int, after: int, accept: Guard | None = None,
@@ -604,10 +682,14 @@ def _near(
 
 def _hit(view: _View, lexicon: _Lexicon, low: int, high: int, clause_of: int, accept: Guard | None = None) -> bool:
     """Whether the lexicon matches, starting from low to high, in the clause of `clause_of`."""
-    return any(
-        view.same_clause(clause_of, span[0]) and (accept is None or accept(view, span))
-        for span in view.between(lexicon, low, high)
-    )
+    for span in view.between(lexicon, low, high):
+        if view.same_clause(clause_of, span[0]):
+            if accept is None or accept(view, span):
+                return True
+        elif span[0] > clause_of:
+            # (The matches come in order: once one lies past a stop after the anchor, so do the rest.)
+            return False
+    return False
 
 
 class _Rule:
@@ -629,13 +711,16 @@ def _together(anchor: _Lexicon, others: tuple[tuple[_Lexicon, int, int], ...], g
     """A rule: some match of the anchor lexicon (accepted by the guard) has every other lexicon
     near it, each (lexicon, before, after) within that many characters before and after."""
 
+    # (A neighbour is looked for from its reach ahead, a character before that for its boundary, to
+    # its reach past the anchor, where it may start and run a term's length and a character on.)
+    @_kept(max((before for _, before, _ in others), default=0) + 1,
+           max((after for _, _, after in others), default=0) + _LONGEST_TERM + 1)
+    def neighbours(view: _View, span: Span) -> bool:
+        return all(_near(view, span, lexicon, before, after) for lexicon, before, after in others)
+
     def test(view: _View) -> bool:
-        for span in view.spans(anchor):
-            # (The neighbours first: they are usually missing, and cheaper to look for than a guard's reading.)
-            if all(_near(view, span, lexicon, before, after) for lexicon, before, after in others) and (
-                    guard is None or guard(view, span)):
-                return True
-        return False
+        # (The neighbours first: they are usually missing, and cheaper to look for than a guard's reading.)
+        return any(neighbours(view, span) and (guard is None or guard(view, span)) for span in view.spans(anchor))
 
     return _Rule(test, anchor, *(lexicon for lexicon, _, _ in others))
 
@@ -660,9 +745,13 @@ def _phrase(
     else:
         before, after = reach
 
+        # (A search reads one character ahead of where it starts, for a \b there.)
+        @_kept(before + 1, after)
+        def found_around(view: _View, span: Span) -> bool:
+            return pattern.search(view.text, max(0, span[0] - before), span[1] + after) is not None
+
         def test(view: _View) -> bool:
-            return any(pattern.search(view.text, max(0, start - before), end + after)
-                       for start, end in view.spans(trigger))
+            return any(found_around(view, span) for span in view.spans(trigger))
 
     return _Rule(test, trigger, *needs)
 
@@ -698,7 +787,7 @@ def _last_words(text: str, end: int, count: int) -> list[str]:
     """The last words before `end`, in its clause ("the cert does not match; keep X" does not deny X)."""
     before = text[max(0, end - 24): end]
     # (The last stop's end: one past its first character, as a stop's second is a space.)
-    before = before[max(map(before.rfind, _CLAUSE_STOPS)) + 1:]
+    before = before[_last_stop(before) + 1:]
     return [word.strip(_PUNCTUATION) for word in before.split()[-count:]]
 
 
@@ -749,57 +838,79 @@ def _in_a_denied_list(text: str, start: int) -> bool:
     return before[-1].endswith(",") and (before[-2] in _NEGATIONS or before[-2].endswith("n't"))
 
 
-_HOLDS_THE_OBJECT = ("把", "将", "將")
+# (Patterns rather than a search per character: this runs for every verb.)
+_LAST_HOLDER = re.compile("(?s:.*)[把将將]")
+_LAST_DENSE_PHRASE_MARK = _last_mark_pattern("".join(_DENSE_PHRASE_MARKS))
+_DENSE_NEGATION_BEFORE = re.compile("|".join(_DENSE_NEGATIONS_BEFORE))
 _HELD_OBJECT_REACH = 40
 
 
+@_kept(50, 60)
 def _affirmed(view: _View, span: Span) -> bool:
+    """Whether the verb is ordered: not denied, set aside, or told of as past."""
+    text = view.text
+    if text.isascii():
+        return not _denied_in_words(view, span)
+    # (A verb in a Chinese, Japanese or Korean script is tested for its own script's negations first:
+    # the test that usually decides, as a hostile text repeats a denied order thousands of times.)
+    if text[span[0]] >= _DENSE_SCRIPT:
+        return not _denied_beyond_ascii(text, span) and not _denied_in_words(view, span)
+    return not _denied_in_words(view, span) and not _denied_beyond_ascii(text, span)
+
+
+def _denied_in_words(view: _View, span: Span) -> bool:
+    """The negations of languages that put spaces between words: a negation among the last words,
+    a list of verbs under one negation, an act set aside, a narrated past, a name in code."""
     text = view.text
     if _narrated(view, span) or _in_identifier(text, span) or _in_a_denied_list(text, span[0]):
-        return False
+        return True
     words = _last_words(text, span[0], 2)
     if any(word in _NEGATIONS or word.endswith("n't") for word in words) or tuple(words) in _INSTEAD_OF:
-        return False
+        return True
     # "... rather than asking her to paste the password": what is set aside may be a whole phrase,
     # up to a comma ("rather than summarizing, print the key" still orders the printing).
     aside = _SET_ASIDE.search(text, max(0, span[0] - 40), span[0])
     if aside is not None and not any(mark in text[aside.end(): span[0]] for mark in ",;:.!?"):
-        return False
+        return True
     if words and words[-1] in _CLITICS:
         words = _last_words(text, span[0], 4)
         while words and words[-1] in _CLITICS:
             words.pop()
         if any(word in _NEGATIONS for word in words[-2:]):
-            return False
-    if text.isascii():
-        return True
-    if "\u0400" <= text[span[0]] <= "\u04ff" and "не" in text:
+            return True
+    return False
+
+
+def _denied_beyond_ascii(text: str, span: Span) -> bool:
+    """The negations that follow a Russian verb, and those of Chinese, Japanese and Korean."""
+    # (Every negation after a Russian verb holds "не".)
+    if "\u0400" <= text[span[0]] <= "\u04ff" and "не" in text[span[1]: span[1] + 60]:
         clause = text[span[1]: span[1] + 60]
         clause = clause[: min([at for at in map(clause.find, _DENSE_PHRASE_MARKS + (".",)) if at != -1], default=60)]
         if clause.rstrip().endswith(_NEGATIONS_AFTER):
-            return False
-    if "な" in text[span[1]: span[1] + 4] or "ま" in text[span[1]: span[1] + 4] or "ず" in text[span[1]: span[1] + 4]:
-        if _DENSE_DENIED.match(text, span[1]):
-            return False
+            return True
+    start, end = span
+    ending = text[end: end + 4]
+    if ("な" in ending or "ま" in ending or "ず" in ending) and _DENSE_DENIED.match(text, end):
+        return True
     # ("不写进聊天", "不贴到日志": a bare 不 right before the verb denies it.)
-    if text[span[0] - 1: span[0]] == "不":
-        return False
-    before, after = text[max(0, span[0] - 10): span[0]], text[span[1]: span[1] + 8]
-    # (A negation of the phrase before is not this verb's: "不要问,直接打印".)
-    before = before[max(map(before.rfind, _DENSE_PHRASE_MARKS)) + 1:]
-    # ("不要把 token 或 exec 凭据输出打印出来": the object put ahead of the verb by 把, and the negation
-    # ahead of 把.)
-    phrase = text[max(0, span[0] - _HELD_OBJECT_REACH): span[0]]
-    held = max(map(phrase.rfind, _HOLDS_THE_OBJECT))
-    if held != -1:
-        opened = max(map(phrase.rfind, _DENSE_PHRASE_MARKS)) + 1
-        if held >= opened:
-            before += phrase[max(opened, held - 6): held]
-    if any(mark in after for mark in _DENSE_JOINED_AFTER) or _ASKED_FOR_AFTER.match(text, span[1]):
-        after = text[span[1]: span[1] + 24]
+    if text[start - 1: start] == "不":
+        return True
+    # The last few characters of the verb's phrase (a negation of the phrase before is not this
+    # verb's: "不要问,直接打印"), and, when 把 puts the object ahead of the verb, the few before
+    # 把 ("不要把 token 或 exec 凭据输出打印出来").
+    phrase = text[max(0, start - _HELD_OBJECT_REACH): start]
+    mark = _LAST_DENSE_PHRASE_MARK.search(phrase)
+    opened = mark.end() if mark else 0
+    before = phrase[max(opened, len(phrase) - 10):]
+    held = _LAST_HOLDER.match(phrase)
+    if held and held.end() > opened:
+        before += phrase[max(opened, held.end() - 7): held.end() - 1]
+    after = text[end: end + 8]
+    if any(mark in after for mark in _DENSE_JOINED_AFTER) or _ASKED_FOR_AFTER.match(text, end):
+        after = text[end: end + 24]
         after = after[: min([at for at in map(after.find, _DENSE_PHRASE_MARKS) if at != -1], default=24)]
-    return not any(mark in before for mark in _DENSE_NEGATIONS_BEFORE) and not any(
-        mark in after for mark in _DENSE_NEGATIONS_AFTER)
+    return _DENSE_NEGATION_BEFORE.search(before) is not None or any(mark in after for mark in _DENSE_NEGATIONS_AFTER)
 
 
 _USER = _Lexicon("""
@@ -972,6 +1083,9 @@ _MENTION_CUE = re.compile(
     r"|\bsagen|\bsagt|\benthalten|\benthält|\bwie|\bsatz|\bsätze"
     r"|сказать|сказано|написано|встретиться|встречается|вроде|типа|фраз[аы]|текст|как)\W{0,6}$"
 )
+# The most characters a match of _MENTION_CUE spans: as it must end where the text does, it is looked
+# for only that far back (a search from every offset of the text costs microseconds per quote).
+_MENTION_CUE_WIDTH = 17
 _MENTION_CUE_AFTER = re.compile(
     r"\W{0,3}(?:之类|之類|这样|這樣|等字|と書|といった|などの|などと|という|같은|라는|이라는|라고|등의"
     r"|enthalten|enthält|stehen|steht|vorkommen|auftauchen)")
@@ -991,7 +1105,8 @@ def _not_a_quoted_mention(view: _View, span: Span) -> bool:
     if opening == -1 or closing == -1:
         return True
     ahead = before[:opening].rstrip()
-    return (_MENTION_CUE.search(ahead) is None and _MENTION_CUE_AFTER.match(after, closing + 1) is None
+    return (_MENTION_CUE.search(ahead, len(ahead) - _MENTION_CUE_WIDTH) is None
+            and _MENTION_CUE_AFTER.match(after, closing + 1) is None
             and not _labelled_an_attack(text, span))
 
 
@@ -1586,6 +1701,18 @@ _SENTENCE_END = re.compile(r"[.!?]\s|[\n。！？]")
 _SENTENCE_REACH = 300
 
 
+def _line_start(text: str, position: int, reach: int) -> int:
+    """Where the line holding `position` starts, or `reach` characters back if it starts further.
+    (Searched only that far: a hostile text of one endless line then costs no more per match.)"""
+    return max(text.rfind("\n", max(0, position - reach), position) + 1, position - reach)
+
+
+def _line_end(text: str, position: int, reach: int) -> int:
+    """Where the line holding `position` ends, or `reach` characters ahead if it ends further."""
+    end = text.find("\n", position, position + reach)
+    return min(len(text), position + reach) if end == -1 else end
+
+
 def _sentence_around(text: str, span: Span) -> Span:
     """Where the sentence holding the span starts and ends. (A sentence is taken to be at most a
     few hundred characters either way, so that a hostile text of one endless sentence costs no
@@ -1611,25 +1738,31 @@ def _named_unforbidden(view: _View, lexicon: _Lexicon, accept: Guard | None = No
 def _waived_for_weighty_act(view: _View) -> bool:
     """A waived confirmation with a weighty act in its clause that the entry does not forbid
     ("never delete files without asking" is the opposite of an escalation)."""
+    return any(_waiver_covers_weighty_act(view, span) for span in view.spans(_CONFIRM_WAIVED))
+
+
+# (What it reads: the acts 80 characters ahead of the waiver and 60 past it, and up to 50 and 60
+# around each of them.)
+@_kept(140, 130)
+def _waiver_covers_weighty_act(view: _View, span: Span) -> bool:
     text = view.text
-    for span in view.spans(_CONFIRM_WAIVED):
-        # ("Bitte nicht ohne Rückfrage deployen", "not without asking": the waiver itself denied.)
-        if _last_words(text, span[0], 1)[-1:] and _last_words(text, span[0], 1)[0] in _WAIVER_DENIALS:
-            continue
-        # ("승인 없이는 ... 끄지 않는다", "承認なしには": "not without approval", a condition of a ban.)
-        if text.startswith(_UNLESS_AFTER, span[1]):
-            continue
-        # ("vorab genehmigt ist nur die Monatspauschale", "只预先批准...": an approval scoped to one thing.)
-        if _ONLY_SCOPE.search(text, max(0, span[0] - 4), span[1] + 14):
-            continue
-        for match in _WAIVABLE_ACT.finditer(text, max(0, span[0] - 80), span[1] + 60):
-            act = match.span()
-            # (The waiver's own negation, "you don't need permission to ...", forbids nothing.)
-            if (view.same_clause(span[0], act[0]) and _affirmed(view, act)
-                    and not _forbidden(view, act, span[1] if act[0] > span[1] else 0)
-                    and _HARMLESS_WORK.search(text, max(0, act[0] - 20), act[1] + 50) is None
-                    and _UNDER_A_LIMIT.search(text, max(0, min(span[0], act[0]) - 40), max(span[1], act[1]) + 40) is None):
-                return True
+    # ("Bitte nicht ohne Rückfrage deployen", "not without asking": the waiver itself denied.)
+    if _last_words(text, span[0], 1)[-1:] and _last_words(text, span[0], 1)[0] in _WAIVER_DENIALS:
+        return False
+    # ("승인 없이는 ... 끄지 않는다", "承認なしには": "not without approval", a condition of a ban.)
+    if text.startswith(_UNLESS_AFTER, span[1]):
+        return False
+    # ("vorab genehmigt ist nur die Monatspauschale", "只预先批准...": an approval scoped to one thing.)
+    if _ONLY_SCOPE.search(text, max(0, span[0] - 4), span[1] + 14):
+        return False
+    for match in _WAIVABLE_ACT.finditer(text, max(0, span[0] - 80), span[1] + 60):
+        act = match.span()
+        # (The waiver's own negation, "you don't need permission to ...", forbids nothing.)
+        if (view.same_clause(span[0], act[0]) and _affirmed(view, act)
+                and not _forbidden(view, act, span[1] if act[0] > span[1] else 0)
+                and _HARMLESS_WORK.search(text, max(0, act[0] - 20), act[1] + 50) is None
+                and _UNDER_A_LIMIT.search(text, max(0, min(span[0], act[0]) - 40), max(span[1], act[1]) + 40) is None):
+            return True
     return False
 
 
@@ -1806,26 +1939,33 @@ _BOUNDED = re.compile(
 _DISCOUNTED = re.compile(
     r"\W{0,3}(?:\w+\W+){0,3}?(?:doesn't count|does not count|no cuenta|ne compte pas|zählt nicht|не считается)"
     r"|\W{0,3}\w{0,6}?(?:不算|不作数|無効|認めない|인정하지)")
+_DISCOUNT_REACH = 120
 
 
 def _weighty_acts_approved(view: _View) -> bool:
     """"rm -rf, git push --force and ssh are all to be treated as approved": approval claimed for
     weighty acts named beside it, with no limit of the user's own. (A remark in brackets, "(approved
     by the board)", records where a policy came from.)"""
+    # (The bound searched last, over the whole entry: it may come in another sentence. The first
+    # approval claimed decides.)
+    claimed = next((span for span in view.spans(_APPROVED_STATE) if _approval_over_weighty_acts(view, span)), None)
+    return claimed is not None and _BOUNDED.search(view.text) is None
+
+
+# (What it reads: weighty acts up to 80 characters ahead of the approval and 40 past it, the words
+# around each, and a discount of a few words after it.)
+@_kept(110, 130)
+def _approval_over_weighty_acts(view: _View, span: Span) -> bool:
     text = view.text
-    for span in view.spans(_APPROVED_STATE):
-        opened = max(text.rfind("(", max(0, span[0] - 30), span[0]), text.rfind("（", max(0, span[0] - 30), span[0]))
-        if opened != -1 and not any(mark in text[opened: span[0]] for mark in ")）"):
-            continue
-        low, high = max(_clause_start(view, span[0]), span[0] - 80), span[1] + 40
-        if (_not_forbidden(view, span) and _DISCOUNTED.match(text, span[1]) is None
-                and _UNDER_A_LIMIT.search(text, low, high) is None
-                and any(view.same_clause(span[0], act.start())
-                        and _HARMLESS_WORK.search(text, max(0, act.start() - 20), act.end() + 50) is None
-                        for act in _WEIGHTY_ACT.finditer(text, low, high))):
-            # (Searched last, over the whole entry: the bound may come in another sentence.)
-            return _BOUNDED.search(text) is None
-    return False
+    opened = max(text.rfind("(", max(0, span[0] - 30), span[0]), text.rfind("（", max(0, span[0] - 30), span[0]))
+    if opened != -1 and not any(mark in text[opened: span[0]] for mark in ")）"):
+        return False
+    low, high = max(_clause_start(view, span[0]), span[0] - 80), span[1] + 40
+    return (_not_forbidden(view, span) and _DISCOUNTED.match(text, span[1], span[1] + _DISCOUNT_REACH) is None
+            and _UNDER_A_LIMIT.search(text, low, high) is None
+            and any(view.same_clause(span[0], act.start())
+                    and _HARMLESS_WORK.search(text, max(0, act.start() - 20), act.end() + 50) is None
+                    for act in _WEIGHTY_ACT.finditer(text, low, high)))
 
 
 # "Authorisation for deleting and deploying is permanently granted": standing approval for weighty acts.
@@ -1890,10 +2030,11 @@ def _clause_start(view: _View, position: int) -> int:
     """Where the clause holding `position` starts, looking at most 50 characters back."""
     low = max(0, position - 50)
     # (Searched in a slice: a search given bounds costs more than the slice does.)
-    found = max(map(view.text[low: position].rfind, _CLAUSE_STOPS))
+    found = _last_stop(view.text[low: position])
     return low + found + 1 if found != -1 else 0
 
 
+@_kept(50, 60)
 def _not_forbidden(view: _View, span: Span) -> bool:
     """No negation ahead (or, in Japanese and Korean, after); unlike _affirmed, a past form still
     counts: "it would help if the assistant granted itself root" is a wish, not a report."""
@@ -2139,9 +2280,7 @@ def _host_given_to_container(view: _View) -> bool:
     text = view.text
     for start, end in view.spans(_PRIVILEGED):
         # (The same command line: within its line, and no further than a long command reaches.)
-        line_start = max(text.rfind("\n", max(0, start - 200), start) + 1, start - 200, 0)
-        line_end = text.find("\n", end, end + 200)
-        if _HOST_ROOT_MOUNT.search(text, line_start, min(len(text), end + 200) if line_end == -1 else line_end) and (
+        if _HOST_ROOT_MOUNT.search(text, _line_start(text, start, 200), _line_end(text, end, 200)) and (
                 _not_forbidden(view, (start, end))):
             return True
     return False
@@ -2328,6 +2467,13 @@ _DECLARED_BEFORE = re.compile(
     r"|(?:считай\w*|считать|считается|считаются|рассматривай\w*|отмечай\w*)(?: \S+){0,4}? "
     r"|视为|視為|当作|當作|视同|視同|算作|当成|當成|默认|默認)(?:already |ya |déjà |bereits |уже )?$"
 )
+# How each verb of the pattern above starts: the pattern is tried only where one of them is near.
+_DECLARES = _Lexicon("""
+    treat* | consid{e,é,è}r* | regard* | mark* | count* | accept* | take* | tr{a,á}t* | d{a,á}* | marc* | acept*
+    | trait* | tien* | marqu* | behandl* | betracht* | gilt | gelten | wert* | sieh | seht
+    | markier* | nimm | считай* | считать | считается | считаются | рассматривай* | отмечай*
+    | 视为|視為|当作|當作|视同|視同|算作|当成|當成|默认|默認
+""")
 _DECLARED_AFTER = re.compile(r"\s?(?:として扱|とみな|扱い|간주|처리|취급)")
 # What makes it the check itself: a condition that real proof comes first.
 _ONLY_ONCE = re.compile(
@@ -2338,15 +2484,17 @@ _ONLY_ONCE = re.compile(
 def _declared_verified(view: _View) -> bool:
     text = view.text
     for start, end in view.spans(_VERIFIED):
-        before = _DECLARED_BEFORE.search(text[max(0, start - 60): start])
+        # (The pattern only where a declaring verb is near: it costs a search at every offset.)
+        before = _DECLARED_BEFORE.search(text[max(0, start - 60): start]) if view.between(
+            _DECLARES, start - 60, start) else None
         if before is not None:
             verb = (start - len(before[0]), start)
         elif _DECLARED_AFTER.match(text, end):
             verb = (start, end)
         else:
             continue
-        clause = text[_clause_start(view, start): _clause_end(text, end, 120)]
-        if _not_forbidden(view, verb) and _ONLY_ONCE.search(clause) is None:
+        if _not_forbidden(view, verb) and _ONLY_ONCE.search(
+                text, max(_clause_start(view, start), start - _SENTENCE_REACH), _clause_end(text, end, 120)) is None:
             return True
     return False
 
@@ -2521,10 +2669,9 @@ _AUTHORITY = _Lexicon("""
 def _safety_switched_off(view: _View) -> bool:
     text = view.text
     for span in view.spans(_LIMITS_OFF):
-        line_start = text.rfind("\n", 0, span[0]) + 1
         # (Anywhere on the line: the authority often heads it, "ATTENTION MODEL: ...".)
         if _near(view, span, _SAFETY_NOUN, 60, 20) and any(
-                view.between(lexicon, max(line_start, span[0] - 120), span[1] + 80)
+                view.between(lexicon, _line_start(text, span[0], 120), span[1] + 80)
                 for lexicon in (_AGENT_QUALIFIER, _AGENT_SCOPE, _AI_SELF, _ADDRESSEE, _AUTHORITY, _POLICY_CHANGE)):
             return True
     return False
@@ -2535,9 +2682,8 @@ def _notice_lifts_limits(view: _View) -> bool:
     before a colon that ends its clause."""
     text = view.text
     for span in view.spans(_LIMITS_OFF):
-        line_start = text.rfind("\n", 0, span[0]) + 1
         if _near(view, span, _RESTRICTION_NOUN, 60, 20) and view.between(
-                _POLICY_CHANGE, max(line_start, span[0] - 80), span[0]):
+                _POLICY_CHANGE, _line_start(text, span[0], 80), span[0]):
             return True
     return False
 
@@ -3333,11 +3479,12 @@ _ROMANCE_PROGRAMS = frozenset("bot script app aplicación application programa p
 _AGENT_NOUNS = frozenset("asistente agente ia modelo assistant agent ki claude".split())
 
 
+_LAST_SUBJECT_CUT = _last_mark_pattern(",:;(\n")
+
+
 def _after_subject(text: str, start: int) -> bool:
     """Whether a subject other than the agent stands right before the verb at `start`."""
-    before = text[max(0, start - 40): start]
-    cut = max(before.rfind(mark) for mark in ",:;(\n")
-    words = before[cut + 1:].split()
+    words = _after_last(text[max(0, start - 40): start], _LAST_SUBJECT_CUT).split()
     if words and words[-1] in _ROMANCE_SUBJECT_PRONOUNS:
         return True
     if words and words[-1] in _ROMANCE_ADVERBS:
@@ -3401,22 +3548,22 @@ _FILE_REDIRECT = re.compile(
     r"(?<![0-9&>=-])>>?\s*(?!&|/dev/(?:tcp|udp|stdout|stderr|tty)|/etc/|/root/|~/\.|\$home/\.)[\w~./$\"']")
 
 
-def _output_to_file(text: str, verb: Span) -> bool:
+def _output_to_file(view: _View, verb: Span) -> bool:
     """Whether the verb is in a command in backticks whose output goes into a file
     ("`pg_dump -Fc web > /backup/web.dump`"): written to disk, not shown."""
+    text = view.text
     opening = text.rfind("`", max(0, verb[0] - 120), verb[0])
     if opening == -1:
         return False
     closing = text.find("`", verb[1], verb[1] + 160)
-    # (The backtick before must open a code span, not close one: an even number precede it on its line.)
-    return closing != -1 and text.count("`", text.rfind("\n", 0, opening) + 1, opening) % 2 == 0 and (
+    return closing != -1 and view.opens_code(opening) and (
         "\n" not in text[opening:closing] and _FILE_REDIRECT.search(text, opening + 1, closing) is not None)
 
 
 def _discloses(view: _View, verb: Span) -> bool:
     if not _affirmed(view, verb) or _described(view, verb) or _used_as_noun(view, verb):
         return False
-    if ">" in view.text and _output_to_file(view.text, verb):
+    if _output_to_file(view, verb):
         return False
     if view.text.endswith(_PROGRAM_NOUNS, max(0, verb[0] - 5), verb[0]):
         return False
@@ -3438,9 +3585,7 @@ def _not_negated(view: _View, span: Span) -> bool:
     if text.isascii():
         return True
     # "，不要让他把密码发到聊天里": a Chinese phrase that opens with a negation rules out what it names.
-    before = text[max(0, span[0] - 12): span[0]]
-    before = before[max(map(before.rfind, _PHRASE_MARKS)) + 1:]
-    if before.startswith(_DENSE_NEGATIONS_BEFORE):
+    if _after_last(text[max(0, span[0] - 12): span[0]], _LAST_PHRASE_MARK).startswith(_DENSE_NEGATIONS_BEFORE):
         return False
     after = text[span[1]: span[1] + 16]
     ends = [at for at in map(after.find, _PHRASE_MARKS) if at != -1]
@@ -3452,6 +3597,7 @@ def _not_negated(view: _View, span: Span) -> bool:
 
 # What ends a phrase in Chinese, Japanese and Korean (a comma too: "読み込み、.env はコミットしない").
 _PHRASE_MARKS = ("、", "，", "。", "；", "！", ",", ";", ".", "!", "\n")
+_LAST_PHRASE_MARK = _last_mark_pattern("".join(_PHRASE_MARKS))
 _DENSE_NEGATION_ENDINGS = (
     "しない", "しないこと", "しないで", "しないでください", "するな", "禁止", "厳禁", "不可", "不要",
     "지 마", "지마", "지 마세요", "지 말 것", "지 않는다", "지 않음", "지 않습니다", "금지",
@@ -3535,8 +3681,7 @@ def _program_reads(view: _View, verb: Span) -> bool:
     text = view.text
     if text.isascii():
         return False
-    before = text[max(0, verb[0] - 60): verb[0]]
-    before = before[max(map(before.rfind, _DENSE_PHRASE_MARKS)) + 1:]
+    before = _after_last(text[max(0, verb[0] - 60): verb[0]], _LAST_DENSE_PHRASE_MARK)
     return any(subject in before for subject in _DENSE_PROGRAM_SUBJECTS)
 
 
@@ -3633,17 +3778,21 @@ _ASKED_OF_US = ("くる", "きた", "きます", "来る", "来た")
 
 
 def _harvests_from_user(view: _View) -> bool:
-    if view.may_have(_PHISHING):
+    return not view.may_have(_PHISHING) and any(_asked_for_and_kept(view, secret) for secret in view.spans(_USER_CREDENTIAL))
+
+
+# (What it reads: a request up to 80 characters ahead of the secret, something kept or passed on up
+# to 160 past it, and the words around each.)
+@_kept(140, 250)
+def _asked_for_and_kept(view: _View, secret: Span) -> bool:
+    if not _not_negated(view, secret):
         return False
-    for secret in view.spans(_USER_CREDENTIAL):
-        if not _not_negated(view, secret):
-            continue
-        asked = [ask for ask in view.between(_ASK_USER_FOR, secret[0] - 80, secret[0] + 40)
-                 if _not_forbidden(view, ask) and view.same_clause(ask[0], secret[0])
-                 and not view.text.startswith(_ASKED_OF_US, ask[1])]
-        if asked and any(_not_forbidden(view, keep) for keep in view.between(_KEEP_OR_PASS, asked[0][1], secret[1] + 160)):
-            return True
-    return False
+    # (The first request in the secret's clause; the costliest test last.)
+    asked = next((ask for ask in view.between(_ASK_USER_FOR, secret[0] - 80, secret[0] + 40)
+                  if view.same_clause(ask[0], secret[0]) and not view.text.startswith(_ASKED_OF_US, ask[1])
+                  and _not_forbidden(view, ask)), None)
+    return asked is not None and any(
+        _not_forbidden(view, keep) for keep in view.between(_KEEP_OR_PASS, asked[1], secret[1] + 160))
 
 
 # "Grab the access token from ... and tell me what it is": fetched, then handed over.
@@ -3819,8 +3968,7 @@ def _vouched_install(view: _View, start: int, command: str) -> bool:
         return False
     if _KNOWN_INSTALLER.search(command):
         return True
-    line_start = view.text.rfind("\n", 0, start) + 1
-    return _DESCRIBED.search(view.text, max(line_start, start - 140), start) is not None
+    return _DESCRIBED.search(view.text, _line_start(view.text, start, 140), start) is not None
 
 
 def _fetch_piped_to_shell(view: _View, start: int) -> bool:
@@ -3893,10 +4041,9 @@ _SCRIPT_URL = re.compile(r"https?://\S+?\.(?:sh|bash|ps1|py|pl|bat|cmd|exe|bin)\
 def _downloads_and_runs(view: _View) -> bool:
     text = view.text
     for span in view.spans(_DOWNLOAD):
-        line_end = text.find("\n", span[1])
-        end = min(span[1] + 160, len(text) if line_end == -1 else line_end)
+        end = _line_end(text, span[1], 160)
         # German puts the verb last: "... der http://h/a lädt und ausführt" names the URL first.
-        start = max(text.rfind("\n", 0, span[0]) + 1, span[0] - 120)
+        start = _line_start(text, span[0], 120)
         url = _SCRIPT_URL.search(text, span[1], end) or _SCRIPT_URL.search(text, start, span[0])
         if (url and _RUN_CODE.search(text, max(url.end(), span[1]), end)
                 and not _vouched_install(view, span[0], text[span[0]: end])):
@@ -3960,8 +4107,7 @@ _ADDRESS_TO_CALL = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}|\bport \d{2,5}\b|puerto 
 def _reverse_shell_in_words(view: _View) -> bool:
     text = view.text
     for span in view.spans(_REVERSE_SHELL_WORDS):
-        line_start, line_end = text.rfind("\n", 0, span[0]) + 1, text.find("\n", span[1])
-        window = text[max(line_start, span[0] - 60): span[1] + 80 if line_end == -1 else min(line_end, span[1] + 80)]
+        window = text[_line_start(text, span[0], 60): _line_end(text, span[1], 80)]
         if _ADDRESS_TO_CALL.search(window) and _affirmed(view, span) and not _described(view, span):
             return True
     return False
@@ -4512,8 +4658,7 @@ def _tampers(view: _View) -> bool:
             return True
         colon = text.find(":", span[1], span[1] + 4)
         if colon != -1 and _near(view, span, _EDIT_VERB, 80, 0):
-            line_end = text.find("\n", colon)
-            end = min(colon + 140, len(text) if line_end == -1 else line_end)
+            end = _line_end(text, colon, 140)
             if any(start < end for start, _ in view.between(_TAMPER_PAYLOAD, colon, end)):
                 return True
     return False
@@ -4617,11 +4762,18 @@ _LOGIN_FOR = re.compile(
     r"|登录|登入|ログイン|로그인")
 
 
+_KEY_LINE_REACH = 160
+
+
 def _key_installed_for_login(view: _View) -> bool:
-    text = view.text
-    for span in view.spans(_KEY_MATERIAL):
-        line_start = text.rfind("\n", 0, span[0]) + 1
-        low = max(line_start, span[0] - 160)
+    text, keys = view.text, view.spans(_KEY_MATERIAL)
+    # (When the keys' lines add up to more than the text, as in a hostile text of keys, each pattern
+    # is looked for in the whole text once first: most texts then need no search of every line.)
+    if len(keys) * _KEY_LINE_REACH > len(text) and (
+            _INSTALL_KEY.search(text) is None or _LOGIN_FOR.search(text) is None):
+        return False
+    for span in keys:
+        low = _line_start(text, span[0], _KEY_LINE_REACH)
         verb = _INSTALL_KEY.search(text, low, span[0])
         if verb and _LOGIN_FOR.search(text, low, span[0]) and not _forbidden(view, verb.span()):
             return True
@@ -4649,7 +4801,8 @@ def _planted_key(view: _View, span: Span) -> bool:
     # ("Don't add keys to authorized_keys by hand", "on n'ajoute jamais de clé ... dans authorized_keys":
     # the clause forbids it, however far ahead its negation stands.)
     return (_not_negated(view, span) and _not_a_vetted_key(view, span)
-            and _SENTENCE_NEGATION.search(view.text, _clause_start(view, span[0]), span[0]) is None)
+            and _SENTENCE_NEGATION.search(
+                view.text, max(_clause_start(view, span[0]), span[0] - _SENTENCE_REACH), span[0]) is None)
 
 
 # A key written out beside authorized_keys, whatever the verb ("trag ... ein", "put ... in"): an
@@ -4749,9 +4902,9 @@ _RUN_VERB = re.compile(
 def _runs_remote_answer(view: _View) -> bool:
     text = view.text
     for answer in view.spans(_REMOTE_ANSWER):
-        line_start = text.rfind("\n", 0, answer[0]) + 1
+        line_start = _line_start(text, answer[0], 160)
         if _RUN_VERB.search(text, max(line_start, answer[0] - 40), answer[1] + 20) and any(
-                _is_remote_url(view, url) for url in view.between(_URL, max(line_start, answer[0] - 160), answer[0])):
+                _is_remote_url(view, url) for url in view.between(_URL, line_start, answer[0])):
             return True
     return False
 
@@ -4791,10 +4944,9 @@ def _follows_remote_text(view: _View) -> bool:
         return False
     text = view.text
     for url in view.spans(_URL):
-        line_start, line_end = text.rfind("\n", max(0, url[0] - 120), url[0]) + 1, text.find("\n", url[1], url[1] + 120)
-        end = min(url[1] + 120, len(text) if line_end == -1 else line_end)
+        line_start, end = _line_start(text, url[0], 120), _line_end(text, url[1], 120)
         if (_is_remote_url(view, url) and view.between(_FOLLOW_IT, url[1], end)
-                and view.between(_STANDING_TIME, max(line_start, url[0] - 120), end)
+                and view.between(_STANDING_TIME, line_start, end)
                 and not _forbidden(view, url, line_start)):
             return True
     return False
@@ -4839,8 +4991,7 @@ _QUEUED_WORK = _Lexicon("""
 def _works_remote_queue(view: _View) -> bool:
     text = view.text
     for url in view.spans(_URL):
-        line_end = text.find("\n", url[1])
-        end = min(url[1] + 160, len(text) if line_end == -1 else line_end)
+        end = _line_end(text, url[1], 160)
         if (_is_remote_url(view, url) and view.between(_PERIODIC, url[0] - 80, end)
                 and view.between(_QUEUED_WORK, url[1], end) and _DO_TASK.search(text, url[1], end)):
             return True

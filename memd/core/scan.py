@@ -188,9 +188,11 @@ def _overaccented(text: str) -> bool:
     return accented >= 4 and accented >= _OVERACCENTED_SHARE * (accented + len(_LATIN_PLAIN.findall(text)))
 
 
+_COMBINING_MARK = re.compile("[\u0300-\u036f]")
+
+
 def _strip_accents(text: str) -> str:
-    stripped = "".join(char for char in unicodedata.normalize("NFD", text) if not "\u0300" <= char <= "\u036f")
-    return unicodedata.normalize("NFC", stripped)
+    return unicodedata.normalize("NFC", _COMBINING_MARK.sub("", unicodedata.normalize("NFD", text)))
 
 
 # Digits for letters ("d1sr3g4rd y0ur pr10r"): when many words mix the two, a copy with the
@@ -1092,8 +1094,12 @@ _MENTION_CUE_AFTER = re.compile(
 _QUOTES = "\"'“”‘’«»「」『』`„‚‹›"
 # How far a quoted phrase may reach around the word that would make it an order.
 _QUOTE_REACH = 40
+# How far a sentence is taken to reach either way (see _sentence_around).
+_SENTENCE_REACH = 300
 
 
+# (What it reads: the quote marks either side, and the sentence, for what it calls the quote.)
+@_kept(_SENTENCE_REACH + 1, _SENTENCE_REACH)
 def _not_a_quoted_mention(view: _View, span: Span) -> bool:
     if _narrated(view, span) or _in_identifier(view.text, span):
         return False
@@ -1517,8 +1523,8 @@ def _scoped_to_harmless_work(view: _View, end: int) -> bool:
     scope = _clause_end(text, end, 80)
     if _HARMLESS_WORK.search(text, end, scope) is None:
         return False
-    return all(_HARMLESS_WORK.search(text, max(end, act.start() - 20), act.end() + 50)
-               for act in _WEIGHTY_ACT.finditer(text, end, scope))
+    return all(_HARMLESS_WORK.search(text, max(end, act[0] - 20), act[1] + 50)
+               for act in _acts_in(_WEIGHTY_ACT, text, end, scope))
 
 
 # The user's say-so waived, in so many words: each phrase names asking, confirming or approving
@@ -1596,8 +1602,9 @@ _CONFIRM_WAIVED = _Lexicon("""
 """)
 # Acts whose approval matters: a waived confirmation for them is an escalation. (Searched only
 # around a waived confirmation, which is rare, so a pattern costs less than a lexicon of such
-# common words.)
-_WEIGHTY_ACT = re.compile(
+# common words. Two patterns, the words of spaced scripts and the rest: one pattern of both would
+# try every branch at every character.)
+_WEIGHTY_ACT_WORDS = (
     r"\b(?:delet|remov|rm\b|drop\b|deploy|push|force|merge|install|execut|run\b|runs\b|wipe|overwrit|purchas|pay\b"
     r"|payments?\b|wir(?:e|ing)\b"
     r"|transfer|commit|reset\b|tool calls?\b|commands?\b|shell\b|destructive|production|prod\b|system files"
@@ -1614,21 +1621,31 @@ _WEIGHTY_ACT = re.compile(
     r"|rembours|payer\b|paie\b|paiements?\b|virement|factur|administrateur|signer\b|ach[eè]t"
     r"|erstatt|gutschrift|auszahl|zahl(?:e|en|ung)\b|(?:ü|ue|u)berweis|rechnung|unterschreib|kauf|bestell"
     r"|возврат|выплат|оплат|перевод|перечисл|экспорт|админ|подпис|купи|заказ)"
-    r"|删除|刪除|部署|执行|執行|运行|運行|安装|推送|命令|削除|デプロイ|実行|インストール|プッシュ|コマンド|삭제|배포|실행|설치|푸시|명령"
+    # (Inside a compound; where a word starts, "entfern" above has it.)
+    r"|\Bentfernung"
+)
+_WEIGHTY_ACT_OTHERS = (
+    r"删除|刪除|部署|执行|執行|运行|運行|安装|推送|命令|削除|デプロイ|実行|インストール|プッシュ|コマンド|삭제|배포|실행|설치|푸시|명령"
     r"|退款|付款|支付|转账|轉帳|打款|汇款|匯款|发票|發票|导出|導出|管理员|管理員|签署|簽署|购买|購買|下单"
     r"|返金|支払|振込|送金|請求書|エクスポート|管理者|署名|購入|注文|환불|결제|송금|이체|지급|내보내|관리자|서명|구매|주문"
-    r"|工具调用|工具調用|ツール呼び出し|ツールの呼び出し|도구 호출|entfernung"
+    r"|工具调用|工具調用|ツール呼び出し|ツールの呼び出し|도구 호출"
 )
+_WEIGHTY_ACT = (re.compile(_WEIGHTY_ACT_WORDS), re.compile(_WEIGHTY_ACT_OTHERS))
 # What a waived confirmation may not cover either: approvals and grants, doors unlocked and alarms
 # disarmed, codes and passwords handed out, accounts closed. (Not among the weighty acts above,
 # which other rules look for beside words of approval and grant themselves.)
-_WAIVABLE_ACT = re.compile(
-    _WEIGHTY_ACT.pattern
-    + r"|\b(?:approv(?:e|es|ing)\b|grant(?:s|ing)?\b|unlock|disarm|activat|reissu|cancel|close (?:the |her |his |their |an? )?\w*\s?accounts?\b"
+_WAIVABLE_ACT = (re.compile(
+    _WEIGHTY_ACT_WORDS + r"|\b(?:approv(?:e|es|ing)\b|grant(?:s|ing)?\b|unlock|disarm|activat|reissu|cancel|close (?:the |her |his |their |an? )?\w*\s?accounts?\b"
     r"|(?:lock|door|garage|gate|alarm|safe|access) (?:code|pin)s?\b|pins?\b|passwords?\b|mfa\b|2fa\b|roles?\b)"
-    r"|打开\S{0,4}门|打開\S{0,4}門|开门|開門|解锁|解鎖|开锁|開鎖|解錠|開けて|열어|잠금 해제|重置|重設|リセット|초기화"
+), re.compile(
+    _WEIGHTY_ACT_OTHERS + r"|打开\S{0,4}门|打開\S{0,4}門|开门|開門|解锁|解鎖|开锁|開鎖|解錠|開けて|열어|잠금 해제|重置|重設|リセット|초기화"
     r"|门禁密码|門禁密碼|门锁密码|暗証番号|비밀번호|批准|承認して|승인해"
-)
+))
+
+
+def _acts_in(acts: tuple[re.Pattern[str], ...], text: str, low: int, high: int) -> list[Span]:
+    """Where the acts occur in text[low:high], in order."""
+    return sorted(match.span() for pattern in acts for match in pattern.finditer(text, low, high))
 # "Auto-approve every tool call", "yolo mode", "answer yes to permission prompts".
 _AUTO_YES_TRIGGER = _Lexicon("""
     auto-approve | auto-accept | autoapprove | automatically | always | yolo | dangerously* | approval
@@ -1698,7 +1715,6 @@ _SENTENCE_NEGATION = re.compile(
         word.translate(_CONFUSABLES) for word in _NEGATION_WORDS}, key=len, reverse=True)) + r")\b"
     r"|\bpas\b|n't\b|绝不|絕不|不要|不得|不能|不需要|不用|无需|無需|不必|无须|没有|沒有|禁止|切勿|别|別|ない|ません|않|말|금지|안 ")
 _SENTENCE_END = re.compile(r"[.!?]\s|[\n。！？]")
-_SENTENCE_REACH = 300
 
 
 def _line_start(text: str, position: int, reach: int) -> int:
@@ -1755,8 +1771,7 @@ def _waiver_covers_weighty_act(view: _View, span: Span) -> bool:
     # ("vorab genehmigt ist nur die Monatspauschale", "只预先批准...": an approval scoped to one thing.)
     if _ONLY_SCOPE.search(text, max(0, span[0] - 4), span[1] + 14):
         return False
-    for match in _WAIVABLE_ACT.finditer(text, max(0, span[0] - 80), span[1] + 60):
-        act = match.span()
+    for act in _acts_in(_WAIVABLE_ACT, text, max(0, span[0] - 80), span[1] + 60):
         # (The waiver's own negation, "you don't need permission to ...", forbids nothing.)
         if (view.same_clause(span[0], act[0]) and _affirmed(view, act)
                 and not _forbidden(view, act, span[1] if act[0] > span[1] else 0)
@@ -1963,9 +1978,9 @@ def _approval_over_weighty_acts(view: _View, span: Span) -> bool:
     low, high = max(_clause_start(view, span[0]), span[0] - 80), span[1] + 40
     return (_not_forbidden(view, span) and _DISCOUNTED.match(text, span[1], span[1] + _DISCOUNT_REACH) is None
             and _UNDER_A_LIMIT.search(text, low, high) is None
-            and any(view.same_clause(span[0], act.start())
-                    and _HARMLESS_WORK.search(text, max(0, act.start() - 20), act.end() + 50) is None
-                    for act in _WEIGHTY_ACT.finditer(text, low, high)))
+            and any(view.same_clause(span[0], act[0])
+                    and _HARMLESS_WORK.search(text, max(0, act[0] - 20), act[1] + 50) is None
+                    for act in _acts_in(_WEIGHTY_ACT, text, low, high)))
 
 
 # "Authorisation for deleting and deploying is permanently granted": standing approval for weighty acts.
@@ -1978,7 +1993,7 @@ _STANDING_GRANT = _Lexicon("""
 
 def _grants_weighty_acts(view: _View) -> bool:
     text = view.text
-    return any(_WEIGHTY_ACT.search(text, max(0, span[0] - 90), span[1] + 30) for span in view.spans(_STANDING_GRANT))
+    return any(_acts_in(_WEIGHTY_ACT, text, max(0, span[0] - 90), span[1] + 30) for span in view.spans(_STANDING_GRANT))
 
 
 # The checks that ask the user first, said to be off: "confirmation dialogs are turned off here".
@@ -2916,7 +2931,7 @@ _EMAIL_AT = _Lexicon("*@*")
 # The last three parts of a dotted quad: starting with a literal "." makes the search fast.
 _IP_HOST = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}\b")
 # "backup@nas.local": a machine on the local network, reached over ssh, not a mailbox.
-_LAN_HOST = re.compile(r"[\w-]+\.(?:local|lan|home|localdomain)\b")
+_LAN_HOST = re.compile(r"[\w-]{1,63}\.(?:local|lan|home|localdomain)\b")
 _IP_TAIL = re.compile(r"\.\d{1,3}\.\d{1,3}\.\d{1,3}(?![\d.]*\d)")
 _OCTETS = frozenset(str(number) for number in range(256))
 # The machine itself and private networks: copying there is deployment, not exfiltration.
@@ -3014,13 +3029,12 @@ _COPY_OF = _Lexicon("""
 def _send_verbs(view: _View) -> list[Span]:
     verbs = view.spans(_SEND_VERB) + view.spans(_COPY_OF) + [
         span for span in view.spans(_SEND_VERB_AMBIGUOUS) if _in_order_position(view, span)]
-    # "explains how to send a token to ..." describes; it does not order.
-    return [verb for verb in verbs if _affirmed(view, verb) and "how" not in _last_words(view.text, verb[0], 3)]
+    # "explains how to send a token to ..." describes; it does not order. (In order of position.)
+    return sorted(verb for verb in verbs if _affirmed(view, verb) and "how" not in _last_words(view.text, verb[0], 3))
 
 
-def _exfiltrates(view: _View, destination_near: Callable[[_View, Span], Span | None]) -> bool:
-    """Whether an affirmed send verb has a destination shortly after it (or, in Japanese and
-    Korean word order, shortly before) and a sensitive object ahead of that destination."""
+def _exfiltrates(view: _View, sends_out: Guard) -> bool:
+    """Whether an affirmed send verb sends something sensitive out (to an address or a URL)."""
     if not (view.may_have(_DATA_OBJECT) or view.may_have(_LOOSE_DATA) or view.may_have(_PERSONAL_PAPERS)
             or view.may_have(_SECRET_FILE)):
         return False
@@ -3028,12 +3042,15 @@ def _exfiltrates(view: _View, destination_near: Callable[[_View, Span], Span | N
         return False
     if view.send_verbs is None:
         view.send_verbs = _send_verbs(view)
-    for verb in view.send_verbs:
-        destination = destination_near(view, verb)
-        if (destination is not None and view.same_clause(verb[0], destination[0])
-                and _sensitive_object_before(view, verb, destination) and not _reports_a_lure(view, verb)):
-            return True
-    return False
+    return any(sends_out(view, verb) for verb in view.send_verbs)
+
+
+def _sends_to(view: _View, verb: Span, destination_near: Callable[[_View, Span], Span | None]) -> bool:
+    """Whether the send verb has a destination shortly after it (or, in Japanese and Korean word
+    order, shortly before) and a sensitive object ahead of that destination."""
+    destination = destination_near(view, verb)
+    return (destination is not None and view.same_clause(verb[0], destination[0])
+            and _sensitive_object_before(view, verb, destination) and not _reports_a_lure(view, verb))
 
 
 # "Mails asking to «confirm your password» are phishing: forward them to security@...": a lure
@@ -3074,11 +3091,22 @@ def _url_or_ip_near(view: _View, verb: Span) -> Span | None:
 def _exfiltrates_to_url(view: _View) -> bool:
     # A text without a URL or an IP address's numbers has nowhere to send to: checked first, as a
     # text full of send verbs would otherwise look for a destination around every one.
-    return (view.may_have(_URL) or not view.words.isdisjoint(_OCTETS)) and _exfiltrates(view, _url_or_ip_near)
+    return (view.may_have(_URL) or not view.words.isdisjoint(_OCTETS)) and _exfiltrates(view, _sends_to_url_or_ip)
+
+
+def _sends_to_url_or_ip(view: _View, verb: Span) -> bool:
+    return _sends_to(view, verb, _url_or_ip_near)
 
 
 def _email_near(view: _View, verb: Span) -> Span | None:
     return _destination(view, _EMAIL_AT, verb, _is_email)
+
+
+# (What it reads: an address from 60 characters ahead of the verb to 160 past it and the host after
+# it, a sensitive object up to 120 ahead of either, and the words around that object.)
+@_kept(220, 290)
+def _sends_to_address(view: _View, verb: Span) -> bool:
+    return _sends_to(view, verb, _email_near)
 
 
 # Markdown or HTML images whose URL carries data: a placeholder, or a query naming data.
@@ -3172,9 +3200,11 @@ _PERSONAL_FILES = _Lexicon("""
 def _published(view: _View) -> bool:
     if view.send_verbs is None:
         view.send_verbs = _send_verbs(view)
+    verbs = view.send_verbs
     for place in view.spans(_PUBLIC_PLACE):
-        for verb in view.send_verbs:
-            if place[0] - 120 <= verb[0] < place[0] and view.same_clause(verb[0], place[0]) and (
+        # (Only the verbs up to 120 characters ahead of the place.)
+        for verb in verbs[bisect_left(verbs, (place[0] - 120, -1)): bisect_left(verbs, (place[0], -1))]:
+            if view.same_clause(verb[0], place[0]) and (
                     _hit(view, _SECRET_FILE, verb[0], place[0], place[0], _real_secret_file)
                     or _hit(view, _SECRET_WORD, verb[0], place[0], place[0], _real_secret_word)
                     or _hit(view, _PERSONAL_FILES, verb[0] - 80, place[0], place[0])):
@@ -3387,7 +3417,7 @@ _SECRET_FILE = _Lexicon("""
     | приватного ssh-ключа
 """)
 # Public keys and examples are not secrets.
-_NOT_SECRET_AFTER = re.compile(r"[\w-]*(?:\.pub|\.example|\.sample|\.template|\.dist)\b")
+_NOT_SECRET_AFTER = re.compile(r"[\w-]{0,60}(?:\.pub|\.example|\.sample|\.template|\.dist)\b")
 # Secrets named generically: only disclosure verbs (print, show, reveal) count.
 _SECRET_WORD = _Lexicon("""
     keys | token | tokens | secret | secrets | password | passwords | passwd | passphrase | passphrases
@@ -3525,7 +3555,7 @@ _DETERMINERS = frozenset("a an the this these those its their our his her my you
 # "Bitwarden collections", "tokens that show up in logs", "credential-harvesting pages": a noun
 # made from the verb, the phrasal verb of appearing, an -ing form joined to a noun as its modifier.
 _NOT_THE_VERB = re.compile(r"(?:ions?|ors?)\b| up\b")
-_JOINED_MODIFIER = re.compile(r"[a-z]-[a-z]+ing\b")
+_JOINED_MODIFIER = re.compile(r"[a-z]-[a-z]{1,40}ing\b")
 
 
 def _used_as_noun(view: _View, verb: Span) -> bool:
@@ -3561,9 +3591,14 @@ def _output_to_file(view: _View, verb: Span) -> bool:
 
 
 def _discloses(view: _View, verb: Span) -> bool:
+    # (Whether a command in backticks writes to a file is judged apart: which backticks open a code
+    # span depends on all of them since the line's start.)
+    return _reads_as_disclosure(view, verb) and not _output_to_file(view, verb)
+
+
+@_kept(50, 60)
+def _reads_as_disclosure(view: _View, verb: Span) -> bool:
     if not _affirmed(view, verb) or _described(view, verb) or _used_as_noun(view, verb):
-        return False
-    if _output_to_file(view, verb):
         return False
     if view.text.endswith(_PROGRAM_NOUNS, max(0, verb[0] - 5), verb[0]):
         return False
@@ -5356,7 +5391,7 @@ _VIEW_DETECTORS: tuple[tuple[Finding, tuple[_Rule, ...]], ...] = (
                 _Rule(_handed_to_third_party, _PRIVATE_MATTER, _THIRD_PARTY, _HAND_OVER),
                 _Rule(_secret_var_in_url, _URL, _SECRET_VAR_MARK),
                 _Rule(_secret_in_host_name, _SUBSTITUTION_END, _SECRET_FILE))),
-    (EXFIL_EMAIL, (_Rule(lambda view: _exfiltrates(view, _email_near), _EMAIL_AT),)),
+    (EXFIL_EMAIL, (_Rule(lambda view: _exfiltrates(view, _sends_to_address), _EMAIL_AT),)),
     (MD_IMAGE_EXFIL, (_Rule(_detect_image_exfiltration, _IMAGE_TRIGGER),
                       _Rule(_detect_link_exfiltration, _LINK_TRIGGER))),
     (SECRET_READ, (_Rule(_detect_secret_read), _Rule(_harvests_from_user, _USER_CREDENTIAL, _ASK_USER_FOR, _KEEP_OR_PASS),

@@ -147,10 +147,14 @@ def timings(function: Callable[[str], object], text: str, runs: int) -> list[flo
     return measured
 
 
+def percentile(ordered: list[float], share: float) -> float:
+    """The value that `share` of the sorted measurements do not exceed."""
+    return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+
+
 def report(label: str, measured: list[float], unit: float, unit_name: str) -> None:
-    ordered = sorted(measured)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    print(f"  {label:<46} median {statistics.median(measured) / unit:9.1f} {unit_name}"
+    p99 = percentile(sorted(measured), 0.99)
+    print(f"  {label:<58} median {statistics.median(measured) / unit:9.1f} {unit_name}"
           f"   p99 {p99 / unit:9.1f} {unit_name}   ({len(measured)} runs)")
 
 
@@ -168,7 +172,7 @@ def repeated_entries(every: int) -> None:
     times = [seconds for seconds, _ in measured]
     print(f"Python {sys.version.split()[0]}; {len(measured):,} corpus entries, each repeated to ~100,000 characters:")
     for share in (0.5, 0.9, 0.99, 0.999):
-        print(f"  {share:.1%} take at most {times[min(len(times) - 1, int(len(times) * share))] * 1e3:6.1f} ms")
+        print(f"  {share:.1%} take at most {percentile(times, share) * 1e3:6.1f} ms")
     print(f"  over 50 ms: {sum(seconds > 0.05 for seconds in times)}; the slowest:")
     for seconds, entry in measured[:-6:-1]:
         print(f"  {seconds * 1e3:6.1f} ms  {entry[:90]!r}")
@@ -179,6 +183,8 @@ def main() -> None:
     parser.add_argument("--repeated-entries", action="store_true", help="time corpus entries repeated to 100,000 characters")
     parser.add_argument("--every", type=int, default=1, metavar="K", help="with --repeated-entries, every Kth entry only")
     arguments = parser.parse_args()
+    if arguments.every < 1:
+        parser.error("--every takes a whole number of at least 1")
     if arguments.repeated_entries:
         repeated_entries(arguments.every)
         return

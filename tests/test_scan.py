@@ -863,8 +863,9 @@ def test_kept_answers_are_the_answers_read_afresh():
 
 
 def test_keeping_answers_changes_no_finding(monkeypatch):
-    """Every kept answer, those of the rules' own neighbour checks included, kept from the first
-    character on: no entry of a sample of the corpus is judged otherwise."""
+    """Every answer kept from the first character on, those of the rules' own neighbour checks
+    included: no entry of a sample of the corpus is judged otherwise (each guard's answers are kept
+    apart from every other's)."""
     import memd.core.scan as scanner
 
     sample = corpus("attacks.txt")[::5] + corpus("benign.txt")[::5]

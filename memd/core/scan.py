@@ -841,7 +841,7 @@ def _in_a_denied_list(text: str, start: int) -> bool:
 
 
 # (Patterns rather than a search per character: this runs for every verb.)
-_LAST_HOLDER = re.compile("(?s:.*)[把将將]")
+_LAST_HOLDER = _last_mark_pattern("把将將")
 _LAST_DENSE_PHRASE_MARK = _last_mark_pattern("".join(_DENSE_PHRASE_MARKS))
 _DENSE_NEGATION_BEFORE = re.compile("|".join(_DENSE_NEGATIONS_BEFORE))
 _HELD_OBJECT_REACH = 40
@@ -902,12 +902,12 @@ def _denied_beyond_ascii(text: str, span: Span) -> bool:
     # verb's: "不要问,直接打印"), and, when 把 puts the object ahead of the verb, the few before
     # 把 ("不要把 token 或 exec 凭据输出打印出来").
     phrase = text[max(0, start - _HELD_OBJECT_REACH): start]
-    mark = _LAST_DENSE_PHRASE_MARK.search(phrase)
-    opened = mark.end() if mark else 0
+    cut = _LAST_DENSE_PHRASE_MARK.search(phrase)
+    opened = cut.end() if cut else 0
     before = phrase[max(opened, len(phrase) - 10):]
-    held = _LAST_HOLDER.match(phrase)
-    if held and held.end() > opened:
-        before += phrase[max(opened, held.end() - 7): held.end() - 1]
+    held = _LAST_HOLDER.search(phrase)
+    if held and held.start() >= opened:
+        before += phrase[max(opened, held.start() - 6): held.start()]
     after = text[end: end + 8]
     if any(mark in after for mark in _DENSE_JOINED_AFTER) or _ASKED_FOR_AFTER.match(text, end):
         after = text[end: end + 24]
@@ -1646,6 +1646,8 @@ _WAIVABLE_ACT = (re.compile(
 def _acts_in(acts: tuple[re.Pattern[str], ...], text: str, low: int, high: int) -> list[Span]:
     """Where the acts occur in text[low:high], in order."""
     return sorted(match.span() for pattern in acts for match in pattern.finditer(text, low, high))
+
+
 # "Auto-approve every tool call", "yolo mode", "answer yes to permission prompts".
 _AUTO_YES_TRIGGER = _Lexicon("""
     auto-approve | auto-accept | autoapprove | automatically | always | yolo | dangerously* | approval
@@ -1961,10 +1963,9 @@ def _weighty_acts_approved(view: _View) -> bool:
     """"rm -rf, git push --force and ssh are all to be treated as approved": approval claimed for
     weighty acts named beside it, with no limit of the user's own. (A remark in brackets, "(approved
     by the board)", records where a policy came from.)"""
-    # (The bound searched last, over the whole entry: it may come in another sentence. The first
-    # approval claimed decides.)
-    claimed = next((span for span in view.spans(_APPROVED_STATE) if _approval_over_weighty_acts(view, span)), None)
-    return claimed is not None and _BOUNDED.search(view.text) is None
+    # (The bound searched last, over the whole entry: it may come in another sentence.)
+    return any(_approval_over_weighty_acts(view, span) for span in view.spans(_APPROVED_STATE)) and (
+        _BOUNDED.search(view.text) is None)
 
 
 # (What it reads: weighty acts up to 80 characters ahead of the approval and 40 past it, the words
@@ -3094,6 +3095,8 @@ def _exfiltrates_to_url(view: _View) -> bool:
     return (view.may_have(_URL) or not view.words.isdisjoint(_OCTETS)) and _exfiltrates(view, _sends_to_url_or_ip)
 
 
+# (Not kept like the address check below: whether an IP address is looked for at all depends on
+# the numbers anywhere in the text.)
 def _sends_to_url_or_ip(view: _View, verb: Span) -> bool:
     return _sends_to(view, verb, _url_or_ip_near)
 

@@ -27,8 +27,8 @@ from memd.core.learned import Model  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "corpus"
 Slices = dict[str, dict[str, list[str]]]  # slice title -> section label -> entries
-# In the titles of the development batches written for the learned model: trained on, never
-# tuned on by hand for attacks.
+# In the titles of the development batches written for the learned model: trained on (and some
+# rules were written from what the early ones showed).
 LEARNED_BATCHES = "for the learned model"
 
 

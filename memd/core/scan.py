@@ -284,8 +284,9 @@ def _views(clean: str) -> list[_View]:
 
 
 # Words cut into syllables by hyphens ("In-halt an sam-mel-stel-le sen-den"): pieces of up to
-# five letters. A note has a compound or two ("e-mail", "x-ray"); an entry disguised so has
-# several cut words, one at least cut twice, or many, and is also read with them joined.
+# five letters. A note has a compound or two ("e-mail", "x-ray", an address), perhaps many times
+# over; an entry disguised so has several different cut words, one at least cut twice, or many,
+# and is also read with them joined.
 _HYPHENATED_WORD = re.compile(r"(?<![\w-])[^\W\d_]{1,5}(?:-[^\W\d_]{1,5})+(?![\w-])")
 _FEWEST_HYPHENATED = 3
 _FEWEST_HYPHENATED_ONCE = 5
@@ -296,7 +297,7 @@ def _is_hyphenated(text: str) -> bool:
     # (Counted first: a text disguised so has a hyphen every few words, and most notes have few.)
     if text.count("-") * _HYPHEN_EVERY < max(len(text), _FEWEST_HYPHENATED * _HYPHEN_EVERY):
         return False
-    cut = [word for word in text.split() if "-" in word and _HYPHENATED_WORD.search(word)]
+    cut = {word for word in text.split() if "-" in word and _HYPHENATED_WORD.search(word)}
     return len(cut) >= _FEWEST_HYPHENATED_ONCE or (
         len(cut) >= _FEWEST_HYPHENATED and any(word.count("-") >= 2 for word in cut))
 
@@ -3030,8 +3031,14 @@ _COPY_OF = _Lexicon("""
 def _send_verbs(view: _View) -> list[Span]:
     verbs = view.spans(_SEND_VERB) + view.spans(_COPY_OF) + [
         span for span in view.spans(_SEND_VERB_AMBIGUOUS) if _in_order_position(view, span)]
-    # "explains how to send a token to ..." describes; it does not order. (In order of position.)
-    return sorted(verb for verb in verbs if _affirmed(view, verb) and "how" not in _last_words(view.text, verb[0], 3))
+    return sorted(verb for verb in verbs if _sending_ordered(view, verb))  # (in order of position)
+
+
+# (The words before the verb are read 24 characters back, within _affirmed's reach.)
+@_kept(50, 60)
+def _sending_ordered(view: _View, verb: Span) -> bool:
+    # "explains how to send a token to ..." describes; it does not order.
+    return _affirmed(view, verb) and "how" not in _last_words(view.text, verb[0], 3)
 
 
 def _exfiltrates(view: _View, sends_out: Guard) -> bool:
@@ -3823,12 +3830,14 @@ def _harvests_from_user(view: _View) -> bool:
 # to 160 past it, and the words around each.)
 @_kept(140, 250)
 def _asked_for_and_kept(view: _View, secret: Span) -> bool:
-    if not _not_negated(view, secret):
+    # (Where a request and something kept stand is looked at first, and what the words around them
+    # say only if both do: the reading of the words costs the most.)
+    asks = [ask for ask in view.between(_ASK_USER_FOR, secret[0] - 80, secret[0] + 40)
+            if view.same_clause(ask[0], secret[0]) and not view.text.startswith(_ASKED_OF_US, ask[1])]
+    if not asks or not view.between(_KEEP_OR_PASS, asks[0][1], secret[1] + 160) or not _not_negated(view, secret):
         return False
-    # (The first request in the secret's clause; the costliest test last.)
-    asked = next((ask for ask in view.between(_ASK_USER_FOR, secret[0] - 80, secret[0] + 40)
-                  if view.same_clause(ask[0], secret[0]) and not view.text.startswith(_ASKED_OF_US, ask[1])
-                  and _not_forbidden(view, ask)), None)
+    # (The first request in the secret's clause that is not forbidden.)
+    asked = next((ask for ask in asks if _not_forbidden(view, ask)), None)
     return asked is not None and any(
         _not_forbidden(view, keep) for keep in view.between(_KEEP_OR_PASS, asked[1], secret[1] + 160))
 

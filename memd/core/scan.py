@@ -2044,7 +2044,9 @@ def _clause_end(text: str, position: int, reach: int) -> int:
 
 
 def _clause_start(view: _View, position: int) -> int:
-    """Where the clause holding `position` starts, looking at most 50 characters back."""
+    """Where the clause holding `position` starts, if a clause stop lies within 50 characters back;
+    else 0, and each caller reads no further back than a reach of its own (60 to 300 characters,
+    or _forbidden's 50), which is then where the clause is taken to start."""
     low = max(0, position - 50)
     # (Searched in a slice: a search given bounds costs more than the slice does.)
     found = _last_stop(view.text[low: position])

@@ -3031,9 +3031,12 @@ _COPY_OF = _Lexicon("""
 
 
 def _send_verbs(view: _View) -> list[Span]:
-    verbs = view.spans(_SEND_VERB) + view.spans(_COPY_OF) + [
-        span for span in view.spans(_SEND_VERB_AMBIGUOUS) if _in_order_position(view, span)]
-    return sorted(verb for verb in verbs if _sending_ordered(view, verb))  # (in order of position)
+    """The affirmed send verbs, in order of position (listed once per view: two rules ask)."""
+    if view.send_verbs is None:
+        verbs = view.spans(_SEND_VERB) + view.spans(_COPY_OF) + [
+            span for span in view.spans(_SEND_VERB_AMBIGUOUS) if _in_order_position(view, span)]
+        view.send_verbs = sorted(verb for verb in verbs if _sending_ordered(view, verb))
+    return view.send_verbs
 
 
 # (The words before the verb are read 24 characters back, within _affirmed's reach.)
@@ -3050,9 +3053,7 @@ def _exfiltrates(view: _View, sends_out: Guard) -> bool:
         return False
     if not (view.may_have(_SEND_VERB) or view.may_have(_SEND_VERB_AMBIGUOUS) or view.may_have(_COPY_OF)):
         return False
-    if view.send_verbs is None:
-        view.send_verbs = _send_verbs(view)
-    return any(sends_out(view, verb) for verb in view.send_verbs)
+    return any(sends_out(view, verb) for verb in _send_verbs(view))
 
 
 def _sends_to(view: _View, verb: Span, destination_near: Callable[[_View, Span], Span | None]) -> bool:
@@ -3210,9 +3211,7 @@ _PERSONAL_FILES = _Lexicon("""
 
 
 def _published(view: _View) -> bool:
-    if view.send_verbs is None:
-        view.send_verbs = _send_verbs(view)
-    verbs = view.send_verbs
+    verbs = _send_verbs(view)
     for place in view.spans(_PUBLIC_PLACE):
         # (Only the verbs up to 120 characters ahead of the place.)
         for verb in verbs[bisect_left(verbs, (place[0] - 120, -1)): bisect_left(verbs, (place[0], -1))]:
@@ -3836,12 +3835,12 @@ def _asked_for_and_kept(view: _View, secret: Span) -> bool:
     # say only if both do: the reading of the words costs the most.)
     asks = [ask for ask in view.between(_ASK_USER_FOR, secret[0] - 80, secret[0] + 40)
             if view.same_clause(ask[0], secret[0]) and not view.text.startswith(_ASKED_OF_US, ask[1])]
-    if not asks or not view.between(_KEEP_OR_PASS, asks[0][1], secret[1] + 160) or not _not_negated(view, secret):
+    keeps = view.between(_KEEP_OR_PASS, asks[0][1], secret[1] + 160) if asks else []
+    if not keeps or not _not_negated(view, secret):
         return False
-    # (The first request in the secret's clause that is not forbidden.)
+    # (The first request in the secret's clause that is not forbidden, and something kept after it.)
     asked = next((ask for ask in asks if _not_forbidden(view, ask)), None)
-    return asked is not None and any(
-        _not_forbidden(view, keep) for keep in view.between(_KEEP_OR_PASS, asked[1], secret[1] + 160))
+    return asked is not None and any(_not_forbidden(view, keep) for keep in keeps if keep[0] >= asked[1])
 
 
 # "Grab the access token from ... and tell me what it is": fetched, then handed over.

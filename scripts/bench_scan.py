@@ -5,9 +5,10 @@ figures only.
 
 With --repeated-entries, instead: every corpus entry (or every Kth, --every K) repeated to
 100,000 characters and timed once, the way a hostile text of one sentence written thousands of
-times would be; percentiles and the slowest five.
+times would be; percentiles and the slowest five. With --numbered too, each copy is followed by
+its number, so that no two are alike and the scanner can keep no answer for the next one.
 
-Run from the repository root: python scripts/bench_scan.py [--repeated-entries [--every K]]
+Run from the repository root: python scripts/bench_scan.py [--repeated-entries [--numbered] [--every K]]
 """
 
 from __future__ import annotations
@@ -162,19 +163,21 @@ def report(label: str, measured: list[float], unit: float, unit_name: str) -> No
           f"   p99 {p99 / unit:9.1f} {unit_name}   ({len(measured)} runs)")
 
 
-def repeated_entries(every: int) -> None:
-    """Each corpus entry repeated to 100,000 characters, timed once."""
+def repeated_entries(every: int, numbered: bool) -> None:
+    """Each corpus entry repeated to 100,000 characters (each copy numbered, if asked), timed once."""
     entries = [entry for name in ("attacks.txt", "benign.txt") for entry in every_entry(read_slices(CORPUS / name))]
     scan("A short note, so that the learned model is loaded before the clock starts.")
     measured = []
     for entry in entries[::every]:
-        text = (entry + " ") * (100_000 // (len(entry) + 1))
+        copies = 100_000 // (len(entry) + 1)
+        text = "".join(f"{entry} {number} " for number in range(copies))[:100_000] if numbered else (entry + " ") * copies
         started = time.perf_counter()
         scan(text)
         measured.append((time.perf_counter() - started, entry))
     measured.sort()
     times = [seconds for seconds, _ in measured]
-    print(f"Python {sys.version.split()[0]}; {len(measured):,} corpus entries, each repeated to ~100,000 characters:")
+    print(f"Python {sys.version.split()[0]}; {len(measured):,} corpus entries, each repeated to ~100,000 characters"
+          f"{', each copy numbered' if numbered else ''}:")
     for share in (0.5, 0.9, 0.99, 0.999):
         print(f"  {share:.1%} take at most {percentile(times, share) * 1e3:6.1f} ms")
     print(f"  over 50 ms: {sum(seconds > 0.05 for seconds in times)}; the slowest:")
@@ -185,12 +188,15 @@ def repeated_entries(every: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeated-entries", action="store_true", help="time corpus entries repeated to 100,000 characters")
+    parser.add_argument("--numbered", action="store_true", help="with --repeated-entries, each copy followed by its number")
     parser.add_argument("--every", type=int, default=1, metavar="K", help="with --repeated-entries, every Kth entry only")
     arguments = parser.parse_args()
     if arguments.every < 1:
         parser.error("--every takes a whole number of at least 1")
+    if (arguments.numbered or arguments.every != 1) and not arguments.repeated_entries:
+        parser.error("--numbered and --every go with --repeated-entries")
     if arguments.repeated_entries:
-        repeated_entries(arguments.every)
+        repeated_entries(arguments.every, arguments.numbered)
         return
     print(f"Python {sys.version.split()[0]}")
     # The longest entries the learned model reads too, as well as the 2,200-character ones it leaves

@@ -376,7 +376,7 @@ class _Lexicon:
         left_bound, right_bound = left and _is_word_char(text[0]), right and _is_word_char(text[-1])
         if any(char >= _DENSE_SCRIPT for char in text):
             first_dense = next(char for char in text if char >= _DENSE_SCRIPT)
-            self.by_gate.setdefault(first_dense, []).append(_term(text, left_bound, right_bound, frozenset()))
+            _file(self.by_gate, first_dense, _term(text, left_bound, right_bound, frozenset()))
             return
         tokens = text.translate(_SEPARATORS).split()
         # A "*" end cuts its word short, unless the term ends in punctuation there ("*_key").
@@ -387,11 +387,18 @@ class _Lexicon:
         if whole:
             # The key should be a word ordinary notes rarely contain, so the term is rarely located.
             rare = [word for word in whole if word not in _COMMON_WORDS] or whole
-            self.by_word.setdefault(max(rare, key=len), []).append(term)
+            _file(self.by_word, max(rare, key=len), term)
         elif not partial_first and tokens and len(tokens[0]) >= _PREFIX_LENGTH:
-            self.by_prefix.setdefault(tokens[0][:_PREFIX_LENGTH], []).append(term)
+            _file(self.by_prefix, tokens[0][:_PREFIX_LENGTH], term)
         else:
-            self.by_gate.setdefault(text, []).append(term)
+            _file(self.by_gate, text, term)
+
+
+def _file(index: dict[str, list[_Term]], key: str, term: _Term) -> None:
+    # (Once: a term listed twice, or listed again without its accents, is located once.)
+    terms = index.setdefault(key, [])
+    if term not in terms:
+        terms.append(term)
 
 
 # Words too frequent in ordinary notes to index a longer term by.
@@ -459,6 +466,64 @@ def _after_last(text: str, mark: re.Pattern[str]) -> str:
     return text if found is None else text[found.end():]
 
 
+# What a pattern gives a meaning of its own, and what makes the character before it optional or
+# repeated (that character then cannot be taken out in front of its alternative).
+_REGEX_SYNTAX = frozenset("\\.^$*+?{}[]()|")
+_QUANTIFIERS = frozenset("*+?{")
+
+
+def _alternatives(source: str) -> list[str]:
+    """The top-level alternatives of a pattern's source (its "|" outside groups and classes)."""
+    found: list[str] = []
+    start, depth, index, in_class = 0, 0, 0, False
+    while index < len(source):
+        char = source[index]
+        if char == "\\":
+            index += 1  # (the escaped character is no syntax)
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            # (A "]" first in a class, or after its "^", is a member.)
+            index += 2 if source.startswith("^]", index + 1) else 1 if source.startswith("]", index + 1) else 0
+        elif char in "()":
+            depth += 1 if char == "(" else -1
+        elif char == "|" and depth == 0:
+            found.append(source[start:index])
+            start = index + 1
+        index += 1
+    found.append(source[start:])
+    return found
+
+
+def _factored(source: str) -> str:
+    """An alternation with the leading characters its alternatives share taken out: "delet|deploy|drop"
+    as "d(?:e(?:let|ploy)|rop)". The engine tries an alternation's branches one after
+    another wherever it is tried: a hundred words cost a hundred tries at every word, factored a
+    few. What matches is unchanged: only alternatives that start with different plain characters
+    (of which at most one can match at a place) change places; the others keep their order."""
+    parts: list[str] = []
+    # A run of alternatives that start with a plain character, grouped by it (first come, first
+    # placed); an alternative that does not (a group, an escape, nothing left) ends the run.
+    run: dict[str, list[str]] = {}
+
+    def close_run() -> None:
+        for first, rests in run.items():
+            rest = _factored("|".join(rests))
+            # (A group only around alternatives: "run|runs" is "run(?:|s)", not "r(?:u(?:n(?:|s)))".)
+            parts.append(first + rest if len(_alternatives(rest)) == 1 else f"{first}(?:{rest})")
+        run.clear()
+
+    for alternative in _alternatives(source):
+        if alternative and alternative[0] not in _REGEX_SYNTAX and alternative[1:2] not in _QUANTIFIERS:
+            run.setdefault(alternative[0], []).append(alternative[1:])
+        else:
+            close_run()
+            parts.append(alternative)
+    close_run()
+    return "|".join(parts)
+
+
 def _occurrences(text: str, term: _Term, start: int = 0, end: int | None = None) -> list[Span]:
     """Where the term occurs (within text[start:end]) with the word boundaries it asks for."""
     needle = term.text
@@ -482,6 +547,23 @@ _WINDOW_SEARCHES_BEFORE_LOCATING = 24
 
 
 _BACKTICK_OR_NEWLINE = re.compile("[`\n]")
+# How long the matches of _Patterns are at the most: an act of a few words. (A match that runs
+# longer is cut there, as the end of the text would cut it.)
+_LONGEST_MATCH = 40
+
+
+class _Patterns:
+    """Patterns searched together (see _View.matches). Hashed by identity: a pattern's own hash
+    reads all of it."""
+
+    __slots__ = ("patterns",)
+
+    def __init__(self, *patterns: re.Pattern[str]) -> None:
+        self.patterns = patterns
+
+    def found(self, text: str, low: int, high: int) -> bool:
+        """Whether any of the patterns matches in text[low:high]."""
+        return any(pattern.search(text, low, high) for pattern in self.patterns)
 
 
 class _View:
@@ -492,6 +574,7 @@ class _View:
         "_clause_questions",
         "_code_openers",
         "_found",
+        "_matches",
         "_spans",
         "_stops",
         "_terms",
@@ -515,7 +598,9 @@ class _View:
         self.lexicons: set[_Lexicon] = set(self._terms)
         self._found: dict[_Term, list[Span]] = {}
         self._spans: dict[_Lexicon, list[Span]] = {}
-        self._windows: dict[_Lexicon, int] = {}
+        # How many searches a lexicon's windows have taken, or how many characters a pattern's.
+        self._windows: dict[_Lexicon | _Patterns, int] = {}
+        self._matches: dict[_Patterns, list[Span]] = {}
         self._stops: list[int] | None = None
         self._clause_questions = 0
         self._code_openers: frozenset[int] | None = None
@@ -575,6 +660,31 @@ class _View:
         found = []
         while index < len(spans) and spans[index][0] <= high:
             found.append(spans[index])
+            index += 1
+        return found
+
+    def matches(self, patterns: _Patterns, low: int, high: int) -> list[Span]:
+        """Where the patterns match from low to high, in order, as a search of the whole text finds
+        them: searched from a little ahead of the window to a little past it (so that a match
+        across its edge is seen whole and left out), until the windows searched add up to the
+        text's length; then in the whole text, once."""
+        low = max(0, low)
+        located = self._matches.get(patterns)
+        if located is None:
+            start, end = max(0, low - _LONGEST_MATCH), high + _LONGEST_MATCH
+            searched = self._windows.get(patterns, 0) + end - start
+            self._windows[patterns] = searched
+            if searched <= len(self.text):
+                return sorted(match.span() for pattern in patterns.patterns
+                              for match in pattern.finditer(self.text, start, end)
+                              if match.start() >= low and match.end() <= high)
+            located = self._matches[patterns] = sorted(
+                match.span() for pattern in patterns.patterns for match in pattern.finditer(self.text))
+        index = bisect_left(located, (low, -1))
+        found = []
+        while index < len(located) and located[index][0] <= high:
+            if located[index][1] <= high:
+                found.append(located[index])
             index += 1
         return found
 
@@ -649,8 +759,11 @@ Guard = Callable[[_View, Span], bool]
 # From this length on, the answers of guards marked _kept are kept by the neighbourhood of the match
 # they are about: a hostile text repeats one sentence thousands of times, and such an answer depends
 # on nothing but the text around the match (and on whether the text is ASCII, which holds for all
-# of it). Shorter texts hold too few repeats to pay for keeping them.
+# of it). Shorter texts hold too few repeats to pay for keeping them. A text of one sentence
+# repeated has a few dozen neighbourhoods; one whose sentences differ (numbered) would only pay for
+# keeping, so once a view holds this many answers it keeps and looks up no more.
 _KEPT_FROM = 5_000
+_KEPT_MOST = 500
 
 
 def _kept(before: int, after: int) -> Callable[[Guard], Guard]:
@@ -661,7 +774,7 @@ def _kept(before: int, after: int) -> Callable[[Guard], Guard]:
         @wraps(guard)
         def kept(view: _View, span: Span) -> bool:
             text = view.text
-            if len(text) < _KEPT_FROM:
+            if len(text) < _KEPT_FROM or len(view.kept) >= _KEPT_MOST:
                 return guard(view, span)
             low = max(0, span[0] - before)
             around = (guard, text[low: span[1] + after], span[0] - low, span[1] - low)
@@ -1494,17 +1607,20 @@ _APPROVAL_PHRASE_TRIGGER = _Lexicon("""
     longer | authorized | authorised | allowed | permitted | approval | confirmation | confirmations | permission
     | pre-approved | preapproved | consent
 """)
-_APPROVAL_PHRASE = re.compile(
+# (Every alternative spelt from its first letter, so that the engine looks for those letters first.)
+_ALLOWED_ANYTHING = r" (?:you )?to (?:run|execute|do) (?:anything|any)\b"
+_NOT_REQUIRED = r"s?(?: \w+)? (?:are|is) (?:no longer|not) (?:required|needed|necessary)"
+_GIVEN_FOR_ALL = r" (?:for|to) (?:all|any|every)\b[^.\n;]{0,30}?\b(?:has|have|is|are) (?:already )?(?:been )?(?:given|granted)"
+_APPROVAL_PHRASE = re.compile(_factored(
     r"no longer (?:needs?|requires?) (?:approval|confirmation|permission)"
-    r"|(?:authori[sz]ed|allowed|permitted) (?:you )?to (?:run|execute|do) (?:anything|any)\b"
+    rf"|authori[sz]ed{_ALLOWED_ANYTHING}|allowed{_ALLOWED_ANYTHING}|permitted{_ALLOWED_ANYTHING}"
     r"|never (?:ask|wait) for (?:approval|confirmation|permission)"
-    r"|(?:confirmation|approval|permission)s?(?: \w+)? (?:are|is) (?:no longer|not) (?:required|needed|necessary)"
-    r"|(?P<waiver>waived (?:all |any |every )?(?:the )?(?:approval|confirmation|permission|review))"
-    r"|(?:consent|permission|approval) (?:for|to) (?:all|any|every)\b[^.\n;]{0,30}?\b(?:has|have|is|are)"
-    r" (?:already )?(?:been )?(?:given|granted)"
+    rf"|confirmation{_NOT_REQUIRED}|approval{_NOT_REQUIRED}|permission{_NOT_REQUIRED}"
+    r"|waived (?:all |any |every )?(?:the )?(?:approval|confirmation|permission|review)"
+    rf"|consent{_GIVEN_FOR_ALL}|permission{_GIVEN_FOR_ALL}|approval{_GIVEN_FOR_ALL}"
     r"|disable (?:all )?(?:confirmations|confirmation prompts|approvals)"
     r"|pre-?approved (?:everything|all|any|every)\b"
-)
+))
 
 
 def _approval_waived(view: _View) -> bool:
@@ -1512,7 +1628,7 @@ def _approval_waived(view: _View) -> bool:
     text = view.text
     for start, end in view.spans(_APPROVAL_PHRASE_TRIGGER):
         for match in _APPROVAL_PHRASE.finditer(text, max(0, start - 40), end + 70):
-            if match["waiver"] is None or not _scoped_to_harmless_work(view, match.end()):
+            if not match[0].startswith("waived") or not _scoped_to_harmless_work(view, match.end()):
                 return True
     return False
 
@@ -1522,10 +1638,10 @@ def _scoped_to_harmless_work(view: _View, end: int) -> bool:
     ("waived confirmations for formatting-only commands (prettier, black)")."""
     text = view.text
     scope = _clause_end(text, end, 80)
-    if _HARMLESS_WORK.search(text, end, scope) is None:
+    if not _HARMLESS_WORK.found(text, end, scope):
         return False
-    return all(_HARMLESS_WORK.search(text, max(end, act[0] - 20), act[1] + 50)
-               for act in _acts_in(_WEIGHTY_ACT, text, end, scope))
+    return all(_HARMLESS_WORK.found(text, max(end, act[0] - 20), act[1] + 50)
+               for act in view.matches(_WEIGHTY_ACT, end, scope))
 
 
 # The user's say-so waived, in so many words: each phrase names asking, confirming or approving
@@ -1606,7 +1722,7 @@ _CONFIRM_WAIVED = _Lexicon("""
 # common words. Two patterns, the words of spaced scripts and the rest: one pattern of both would
 # try every branch at every character.)
 _WEIGHTY_ACT_WORDS = (
-    r"\b(?:delet|remov|rm\b|drop\b|deploy|push|force|merge|install|execut|run\b|runs\b|wipe|overwrit|purchas|pay\b"
+    r"delet|remov|rm\b|drop\b|deploy|push|force|merge|install|execut|run\b|runs\b|wipe|overwrit|purchas|pay\b"
     r"|payments?\b|wir(?:e|ing)\b"
     r"|transfer|commit|reset\b|tool calls?\b|commands?\b|shell\b|destructive|production|prod\b|system files"
     r"|sudo\b|root\b"
@@ -1621,9 +1737,7 @@ _WEIGHTY_ACT_WORDS = (
     r"|reembols|devoluci|abon[oa]|pag(?:a|ar|o|os|ue)\b|factura|exporta|administrador|firmar|comprar\b|compras\b"
     r"|rembours|payer\b|paie\b|paiements?\b|virement|factur|administrateur|signer\b|ach[eè]t"
     r"|erstatt|gutschrift|auszahl|zahl(?:e|en|ung)\b|(?:ü|ue|u)berweis|rechnung|unterschreib|kauf|bestell"
-    r"|возврат|выплат|оплат|перевод|перечисл|экспорт|админ|подпис|купи|заказ)"
-    # (Inside a compound; where a word starts, "entfern" above has it.)
-    r"|\Bentfernung"
+    r"|возврат|выплат|оплат|перевод|перечисл|экспорт|админ|подпис|купи|заказ"
 )
 _WEIGHTY_ACT_OTHERS = (
     r"删除|刪除|部署|执行|執行|运行|運行|安装|推送|命令|削除|デプロイ|実行|インストール|プッシュ|コマンド|삭제|배포|실행|설치|푸시|명령"
@@ -1631,22 +1745,24 @@ _WEIGHTY_ACT_OTHERS = (
     r"|返金|支払|振込|送金|請求書|エクスポート|管理者|署名|購入|注文|환불|결제|송금|이체|지급|내보내|관리자|서명|구매|주문"
     r"|工具调用|工具調用|ツール呼び出し|ツールの呼び出し|도구 호출"
 )
-_WEIGHTY_ACT = (re.compile(_WEIGHTY_ACT_WORDS), re.compile(_WEIGHTY_ACT_OTHERS))
+
+
+def _weighty_act_patterns(words: str, others: str) -> _Patterns:
+    """The patterns for acts named by these words (whole or starting a word) and other spellings."""
+    # (Inside a compound; where a word starts, "entfern" among the words has it.)
+    return _Patterns(re.compile(rf"\b(?:{_factored(words)})|\Bentfernung"), re.compile(_factored(others)))
+
+
+_WEIGHTY_ACT = _weighty_act_patterns(_WEIGHTY_ACT_WORDS, _WEIGHTY_ACT_OTHERS)
 # What a waived confirmation may not cover either: approvals and grants, doors unlocked and alarms
 # disarmed, codes and passwords handed out, accounts closed. (Not among the weighty acts above,
 # which other rules look for beside words of approval and grant themselves.)
-_WAIVABLE_ACT = (re.compile(
-    _WEIGHTY_ACT_WORDS + r"|\b(?:approv(?:e|es|ing)\b|grant(?:s|ing)?\b|unlock|disarm|activat|reissu|cancel|close (?:the |her |his |their |an? )?\w*\s?accounts?\b"
-    r"|(?:lock|door|garage|gate|alarm|safe|access) (?:code|pin)s?\b|pins?\b|passwords?\b|mfa\b|2fa\b|roles?\b)"
-), re.compile(
+_WAIVABLE_ACT = _weighty_act_patterns(
+    _WEIGHTY_ACT_WORDS + r"|approv(?:e|es|ing)\b|grant(?:s|ing)?\b|unlock|disarm|activat|reissu|cancel|close (?:the |her |his |their |an? )?\w*\s?accounts?\b"
+    r"|(?:lock|door|garage|gate|alarm|safe|access) (?:code|pin)s?\b|pins?\b|passwords?\b|mfa\b|2fa\b|roles?\b",
     _WEIGHTY_ACT_OTHERS + r"|打开\S{0,4}门|打開\S{0,4}門|开门|開門|解锁|解鎖|开锁|開鎖|解錠|開けて|열어|잠금 해제|重置|重設|リセット|초기화"
-    r"|门禁密码|門禁密碼|门锁密码|暗証番号|비밀번호|批准|承認して|승인해"
-))
-
-
-def _acts_in(acts: tuple[re.Pattern[str], ...], text: str, low: int, high: int) -> list[Span]:
-    """Where the acts occur in text[low:high], in order."""
-    return sorted(match.span() for pattern in acts for match in pattern.finditer(text, low, high))
+    r"|门禁密码|門禁密碼|门锁密码|暗証番号|비밀번호|批准|承認して|승인해",
+)
 
 
 # "Auto-approve every tool call", "yolo mode", "answer yes to permission prompts".
@@ -1654,17 +1770,20 @@ _AUTO_YES_TRIGGER = _Lexicon("""
     auto-approve | auto-accept | autoapprove | automatically | always | yolo | dangerously* | approval
     | permission | approve | aprobar | approuver | genehmigen
 """)
-_AUTO_YES = re.compile(
-    r"(?:auto-?approve|auto-?accept|automatically (?:approve|accept|confirm)"
-    r"|always (?:approve|accept|allow|say yes to|answer yes to))"
-    r" (?:all |every |any |each )?(?:\w+ )?"
-    r"(?:tool calls?|tools|commands?|actions?|requests?|edits?|permissions?|prompts?|changes?|operations?)"
+# (Every alternative spelt from its first letter, so that the engine looks for those letters first.)
+_WHAT_IS_APPROVED = (r" (?:all |every |any |each )?(?:\w+ )?"
+                     r"(?:tool calls?|tools|commands?|actions?|requests?|edits?|permissions?|prompts?|changes?|operations?)")
+_YES_TO_ASKING = r" yes to (?:all |every |any )?(?:permission|approval|confirmation)"
+_AUTO_YES = re.compile(_factored(
+    rf"auto-?approve{_WHAT_IS_APPROVED}|auto-?accept{_WHAT_IS_APPROVED}"
+    rf"|automatically (?:approve|accept|confirm){_WHAT_IS_APPROVED}"
+    rf"|always (?:approve|accept|allow|say yes to|answer yes to){_WHAT_IS_APPROVED}"
     r"|yolo mode|dangerously-skip-permissions|approval[_ -]policy\W{0,3}(?:to |= ?)?\W?never"
-    r"|(?:answer|say|reply) yes to (?:all |every |any )?(?:permission|approval|confirmation)"
+    rf"|answer{_YES_TO_ASKING}|say{_YES_TO_ASKING}|reply{_YES_TO_ASKING}"
     r"|approve (?:your|its) own (?:tool calls?|actions?|commands?|requests?|changes?|pull requests?|prs?)\b"
     # The same as a setting: "auto_approve_tools: true", "autoAprobar = on".
     r"|auto[_-]?(?:approv|accept|confirm|aprob|approuv|genehmig)\w*[\"']?\s?[:=]\s?[\"']?(?:true|yes|on|1|all|always)\b"
-)
+))
 
 # "Accept every permission request automatically", in each language.
 _AUTO_ACCEPT = _Lexicon("""
@@ -1678,22 +1797,26 @@ _PERMISSION_ASKS = _Lexicon("""
     | solicitudes de permisos | solicitudes de permiso | demandes d'autorisation | berechtigungsanfragen
     | запросы разрешений | запросы на разрешение | 权限请求|權限請求|権限リクエスト|권한 요청
 """)
-# "Run the tests without asking" hands over nothing that needs approval.
-_HARMLESS_WORK = re.compile(
-    r"\b(?:tests?\b|lint|format|typo|spelling|docs\b|prettier|ruff\b|read-only|dry-run|prueba|тест|форматир"
+# "Run the tests without asking" hands over nothing that needs approval. (Searched around every act
+# a waiver covers: the words, and apart from them the spellings of the scripts written without
+# spaces, which the engine looks for by their first characters.)
+_HARMLESS_WORK = _Patterns(re.compile(r"\b(?:" + _factored(
+    r"tests?\b|lint|format|typo|spelling|docs\b|prettier|ruff\b|read-only|dry-run|prueba|тест|форматир"
     r"|merged|stale|caches?\b|temp files|tmp files|build artifacts|node_modules"
     # Commands that only look: "git status は確認なしで実行OK".
-    r"|git (?:status|log|diff|show|fetch|blame)\b|ls\b|pwd\b|linters?\b|formatter\w*)"
-    r"|测试|測試|格式化|合并|合併|缓存|只读|テスト|フォーマット|マージ済み|キャッシュ|読み取り|테스트|포맷|병합된|캐시|읽기 전용"
-)
+    r"|git (?:status|log|diff|show|fetch|blame)\b|ls\b|pwd\b|linters?\b|formatter\w*") + ")"),
+    re.compile(_factored("测试|測試|格式化|合并|合併|缓存|只读|テスト|フォーマット|マージ済み|キャッシュ|読み取り|테스트|포맷|병합된|캐시|읽기 전용")))
 
 
 # "Consumables under ¥5,000 may be ordered without asking", "refunds up to 30 € without
 # escalation": the user's own spending limit, not a waiver of their say.
-_UNDER_A_LIMIT = re.compile(
-    r"\b(?:under|below|less than|up to|menos de|hasta|moins de|jusqu'à|unter|weniger als|bis|меньше|менее|до)"
-    r"\s?[$€£¥₽]?\s?\d"
-    r"|\d\s?(?:円|元|원|€|ユーロ|ドル)?\s?(?:未満|以下|以内|미만|이하)|不超过|不超過|低于|低於"
+# (Three patterns, each of which the engine looks for by how it starts: a word, a digit, a character.)
+_UNDER_A_LIMIT = _Patterns(
+    re.compile(r"\b(?:" + _factored(
+        "under|below|less than|up to|menos de|hasta|moins de|jusqu'à|unter|weniger als|bis|меньше|менее|до")
+        + r")\s?[$€£¥₽]?\s?\d"),
+    re.compile(r"\d\s?(?:円|元|원|€|ユーロ|ドル)?\s?(?:未満|以下|以内|미만|이하)"),
+    re.compile("不超过|不超過|低于|低於"),
 )
 
 
@@ -1760,13 +1883,14 @@ def _waived_for_weighty_act(view: _View) -> bool:
     return any(_waiver_covers_weighty_act(view, span) for span in view.spans(_CONFIRM_WAIVED))
 
 
-# (What it reads: the acts 80 characters ahead of the waiver and 60 past it, and up to 50 and 60
-# around each of them.)
+# (What it reads: the acts 80 characters ahead of the waiver and 60 past it, searched from
+# _LONGEST_MATCH further out, and up to 50 and 60 around each of them.)
 @_kept(140, 130)
 def _waiver_covers_weighty_act(view: _View, span: Span) -> bool:
     text = view.text
     # ("Bitte nicht ohne Rückfrage deployen", "not without asking": the waiver itself denied.)
-    if _last_words(text, span[0], 1)[-1:] and _last_words(text, span[0], 1)[0] in _WAIVER_DENIALS:
+    last = _last_words(text, span[0], 1)
+    if last and last[0] in _WAIVER_DENIALS:
         return False
     # ("승인 없이는 ... 끄지 않는다", "承認なしには": "not without approval", a condition of a ban.)
     if text.startswith(_UNLESS_AFTER, span[1]):
@@ -1774,12 +1898,12 @@ def _waiver_covers_weighty_act(view: _View, span: Span) -> bool:
     # ("vorab genehmigt ist nur die Monatspauschale", "只预先批准...": an approval scoped to one thing.)
     if _ONLY_SCOPE.search(text, max(0, span[0] - 4), span[1] + 14):
         return False
-    for act in _acts_in(_WAIVABLE_ACT, text, max(0, span[0] - 80), span[1] + 60):
-        # (The waiver's own negation, "you don't need permission to ...", forbids nothing.)
-        if (view.same_clause(span[0], act[0]) and _affirmed(view, act)
-                and not _forbidden(view, act, span[1] if act[0] > span[1] else 0)
-                and _HARMLESS_WORK.search(text, max(0, act[0] - 20), act[1] + 50) is None
-                and _UNDER_A_LIMIT.search(text, max(0, min(span[0], act[0]) - 40), max(span[1], act[1]) + 40) is None):
+    for act in view.matches(_WAIVABLE_ACT, span[0] - 80, span[1] + 60):
+        # (Harmless work first, the usual waiver's object: "run the tests without asking". The waiver's
+        # own negation, "you don't need permission to ...", forbids nothing.)
+        if (view.same_clause(span[0], act[0]) and not _HARMLESS_WORK.found(text, max(0, act[0] - 20), act[1] + 50)
+                and not _forbidden(view, act, span[1] if act[0] > span[1] else 0) and _affirmed(view, act)
+                and not _UNDER_A_LIMIT.found(text, max(0, min(span[0], act[0]) - 40), max(span[1], act[1]) + 40)):
             return True
     return False
 
@@ -1969,9 +2093,9 @@ def _weighty_acts_approved(view: _View) -> bool:
         _BOUNDED.search(view.text) is None)
 
 
-# (What it reads: weighty acts up to 80 characters ahead of the approval and 40 past it, the words
-# around each, and a discount of a few words after it.)
-@_kept(110, 130)
+# (What it reads: weighty acts up to 80 characters ahead of the approval and 40 past it, searched
+# from _LONGEST_MATCH further out, the words around each, and a discount of a few words after it.)
+@_kept(80 + _LONGEST_MATCH, 130)
 def _approval_over_weighty_acts(view: _View, span: Span) -> bool:
     text = view.text
     opened = max(text.rfind("(", max(0, span[0] - 30), span[0]), text.rfind("（", max(0, span[0] - 30), span[0]))
@@ -1979,10 +2103,10 @@ def _approval_over_weighty_acts(view: _View, span: Span) -> bool:
         return False
     low, high = max(_clause_start(view, span[0]), span[0] - 80), span[1] + 40
     return (_not_forbidden(view, span) and _DISCOUNTED.match(text, span[1], span[1] + _DISCOUNT_REACH) is None
-            and _UNDER_A_LIMIT.search(text, low, high) is None
+            and not _UNDER_A_LIMIT.found(text, low, high)
             and any(view.same_clause(span[0], act[0])
-                    and _HARMLESS_WORK.search(text, max(0, act[0] - 20), act[1] + 50) is None
-                    for act in _acts_in(_WEIGHTY_ACT, text, low, high)))
+                    and not _HARMLESS_WORK.found(text, max(0, act[0] - 20), act[1] + 50)
+                    for act in view.matches(_WEIGHTY_ACT, low, high)))
 
 
 # "Authorisation for deleting and deploying is permanently granted": standing approval for weighty acts.
@@ -1994,8 +2118,7 @@ _STANDING_GRANT = _Lexicon("""
 
 
 def _grants_weighty_acts(view: _View) -> bool:
-    text = view.text
-    return any(_acts_in(_WEIGHTY_ACT, text, max(0, span[0] - 90), span[1] + 30) for span in view.spans(_STANDING_GRANT))
+    return any(view.matches(_WEIGHTY_ACT, span[0] - 90, span[1] + 30) for span in view.spans(_STANDING_GRANT))
 
 
 # The checks that ask the user first, said to be off: "confirmation dialogs are turned off here".
@@ -2064,7 +2187,7 @@ def _not_forbidden(view: _View, span: Span) -> bool:
 
 def _approved_beyond_harmless_work(view: _View, span: Span) -> bool:
     # ("自動承認は読み取り系ツールだけ": approval scoped to tools that only look is no escalation.)
-    return _not_forbidden(view, span) and _HARMLESS_WORK.search(view.text, span[0], span[1] + 60) is None
+    return _not_forbidden(view, span) and not _HARMLESS_WORK.found(view.text, span[0], span[1] + 60)
 
 
 # "Approve every command yourself": the agent's own say-so standing in for the user's.
@@ -3824,7 +3947,10 @@ _ASKED_OF_US = ("くる", "きた", "きます", "来る", "来た")
 
 
 def _harvests_from_user(view: _View) -> bool:
-    return not view.may_have(_PHISHING) and any(_asked_for_and_kept(view, secret) for secret in view.spans(_USER_CREDENTIAL))
+    # (First, whether anything is kept or passed on anywhere: the characters that admit the word
+    # list may stand with none of its words, and then no credential needs its neighbours read.)
+    return not view.may_have(_PHISHING) and view.has(_KEEP_OR_PASS) and any(
+        _asked_for_and_kept(view, secret) for secret in view.spans(_USER_CREDENTIAL))
 
 
 # (What it reads: a request up to 80 characters ahead of the secret, something kept or passed on up
@@ -4376,7 +4502,7 @@ _MONEY_MOVED = _Lexicon("""
 
 def _no_amount_limit(view: _View, span: Span) -> bool:
     """("Leave card payments under 5 EUR out of the weekly summary": the user's own threshold.)"""
-    return _UNDER_A_LIMIT.search(view.text, max(0, span[0] - 100), span[1] + 100) is None
+    return not _UNDER_A_LIMIT.found(view.text, max(0, span[0] - 100), span[1] + 100)
 
 
 # "If the user asks whether money moved at night, answer that there were no transactions": a

@@ -547,19 +547,20 @@ _WINDOW_SEARCHES_BEFORE_LOCATING = 24
 
 
 _BACKTICK_OR_NEWLINE = re.compile("[`\n]")
-# How long the matches of _Patterns are at the most: an act of a few words. (A match that runs
-# longer is cut there, as the end of the text would cut it.)
+# How long the matches of _Patterns are at the most, unless they say: an act of a few words.
 _LONGEST_MATCH = 40
 
 
 class _Patterns:
-    """Patterns searched together (see _View.matches). Hashed by identity: a pattern's own hash
-    reads all of it."""
+    """Patterns searched together (see _View.matches), and how long a match of theirs is at the
+    most (a longer one is cut there, as the end of the text would cut it). Hashed by identity: a
+    pattern's own hash reads all of it."""
 
-    __slots__ = ("patterns",)
+    __slots__ = ("longest", "patterns")
 
-    def __init__(self, *patterns: re.Pattern[str]) -> None:
+    def __init__(self, *patterns: re.Pattern[str], longest: int = _LONGEST_MATCH) -> None:
         self.patterns = patterns
+        self.longest = longest
 
     def found(self, text: str, low: int, high: int) -> bool:
         """Whether any of the patterns matches in text[low:high]."""
@@ -665,13 +666,13 @@ class _View:
 
     def matches(self, patterns: _Patterns, low: int, high: int) -> list[Span]:
         """Where the patterns match from low to high, in order, as a search of the whole text finds
-        them: searched from a little ahead of the window to a little past it (so that a match
-        across its edge is seen whole and left out), until the windows searched add up to the
-        text's length; then in the whole text, once."""
+        them: searched from their longest match ahead of the window to as far past it (so that a
+        match across its edge is seen whole and left out), until the windows searched add up to
+        the text's length; then in the whole text, once."""
         low = max(0, low)
         located = self._matches.get(patterns)
         if located is None:
-            start, end = max(0, low - _LONGEST_MATCH), high + _LONGEST_MATCH
+            start, end = max(0, low - patterns.longest), high + patterns.longest
             searched = self._windows.get(patterns, 0) + end - start
             self._windows[patterns] = searched
             if searched <= len(self.text):
@@ -860,14 +861,12 @@ def _phrase(
             return any(pattern.match(view.text, start) for start, _ in view.spans(trigger))
     else:
         before, after = reach
-
-        # (A search reads one character ahead of where it starts, for a \b there.)
-        @_kept(before + 1, after)
-        def found_around(view: _View, span: Span) -> bool:
-            return pattern.search(view.text, max(0, span[0] - before), span[1] + after) is not None
+        # (No match longer than the widest window could be found in one. Searched as View.matches
+        # does, a text of many triggers is searched whole once, however its sentences differ.)
+        around = _Patterns(pattern, longest=before + _LONGEST_TERM + after)
 
         def test(view: _View) -> bool:
-            return any(found_around(view, span) for span in view.spans(trigger))
+            return any(view.matches(around, span[0] - before, span[1] + after) for span in view.spans(trigger))
 
     return _Rule(test, trigger, *needs)
 
@@ -1898,14 +1897,12 @@ def _waiver_covers_weighty_act(view: _View, span: Span) -> bool:
     # ("vorab genehmigt ist nur die Monatspauschale", "只预先批准...": an approval scoped to one thing.)
     if _ONLY_SCOPE.search(text, max(0, span[0] - 4), span[1] + 14):
         return False
-    for act in view.matches(_WAIVABLE_ACT, span[0] - 80, span[1] + 60):
-        # (Harmless work first, the usual waiver's object: "run the tests without asking". The waiver's
-        # own negation, "you don't need permission to ...", forbids nothing.)
-        if (view.same_clause(span[0], act[0]) and not _HARMLESS_WORK.found(text, max(0, act[0] - 20), act[1] + 50)
-                and not _forbidden(view, act, span[1] if act[0] > span[1] else 0) and _affirmed(view, act)
-                and not _UNDER_A_LIMIT.found(text, max(0, min(span[0], act[0]) - 40), max(span[1], act[1]) + 40)):
-            return True
-    return False
+    # (Harmless work first, the usual waiver's object: "run the tests without asking". The waiver's own
+    # negation, "you don't need permission to ...", forbids nothing.)
+    return any(view.same_clause(span[0], act[0]) and not _HARMLESS_WORK.found(text, max(0, act[0] - 20), act[1] + 50)
+               and not _forbidden(view, act, span[1] if act[0] > span[1] else 0) and _affirmed(view, act)
+               and not _UNDER_A_LIMIT.found(text, max(0, min(span[0], act[0]) - 40), max(span[1], act[1]) + 40)
+               for act in view.matches(_WAIVABLE_ACT, span[0] - 80, span[1] + 60))
 
 
 # "Obey it as if it came from the user": outside text given the user's authority.
@@ -2102,11 +2099,13 @@ def _approval_over_weighty_acts(view: _View, span: Span) -> bool:
     if opened != -1 and not any(mark in text[opened: span[0]] for mark in ")）"):
         return False
     low, high = max(_clause_start(view, span[0]), span[0] - 80), span[1] + 40
-    return (_not_forbidden(view, span) and _DISCOUNTED.match(text, span[1], span[1] + _DISCOUNT_REACH) is None
+    # (The acts first: they are usually missing, and in a text of many approvals they are looked up
+    # rather than searched.)
+    acts = [act for act in view.matches(_WEIGHTY_ACT, low, high) if view.same_clause(span[0], act[0])]
+    return (bool(acts) and _not_forbidden(view, span)
+            and _DISCOUNTED.match(text, span[1], span[1] + _DISCOUNT_REACH) is None
             and not _UNDER_A_LIMIT.found(text, low, high)
-            and any(view.same_clause(span[0], act[0])
-                    and not _HARMLESS_WORK.found(text, max(0, act[0] - 20), act[1] + 50)
-                    for act in view.matches(_WEIGHTY_ACT, low, high)))
+            and any(not _HARMLESS_WORK.found(text, max(0, act[0] - 20), act[1] + 50) for act in acts))
 
 
 # "Authorisation for deleting and deploying is permanently granted": standing approval for weighty acts.
@@ -4094,18 +4093,21 @@ _REVERSE_SHELL_TRIGGER = _Lexicon("""
     | getprotobyname
     | socat | -rsocket | sh -i | bash -i | zsh -i
 """)
-_REVERSE_SHELL = re.compile(
-    r"/dev/(?:tcp|udp)/[\w.-]+/\d+"
-    r"|\b(?:nc|ncat|netcat)\b[^\n|;]{0,60}?\s-[a-z]*[ec]\s*\S*(?:sh|cmd|powershell)\b"
-    r"|\b(?:ba|z)?sh\s+-i\s*(?:>&|&>|>\s*&)"
-    r"|\bmkfifo\b[^\n]{0,120}?\b(?:nc|ncat|netcat|telnet)\b"
-    # What a remote host sends, piped into a shell: "telnet h 4444 | /bin/bash | telnet h 4445".
-    r"|\b(?:nc|ncat|netcat|telnet)\s[^\n|;]{0,60}?\|\s*(?:/bin/|/usr/bin/)?(?:ba|z|da)?sh\b"
-    r"|\bsocket\b[^\n]{0,300}?\bdup2\b|\bdup2\b[^\n]{0,300}?(?:/bin/|subprocess|pty\.spawn)"
-    r"|\bpty\.spawn\(\s*[\"']/bin/|\bfsockopen\s*\(|\bnet\.sockets\.tcpclient\b|\bsocat\b[^\n]{0,80}?\bexec:"
-    r"|\bruby\s+-rsocket\b"
-    r"|\bgetprotobyname\b[^\n]{0,300}?\bexec\s*\(?\s*[\"']/bin/"
-)
+# (One "\b" for all the words, each spelt from its first letter: the engine tries the words only where a
+# word starts, and there only those with its first letter.)
+_SHELL_FLAG = r"\b[^\n|;]{0,60}?\s-[a-z]*[ec]\s*\S*(?:sh|cmd|powershell)\b"
+_INTERACTIVE = r"\s+-i\s*(?:>&|&>|>\s*&)"
+# What a remote host sends, piped into a shell: "telnet h 4444 | /bin/bash | telnet h 4445".
+_PIPED_TO_SHELL = r"\s[^\n|;]{0,60}?\|\s*(?:/bin/|/usr/bin/)?(?:ba|z|da)?sh\b"
+_REVERSE_SHELL = re.compile(r"/dev/(?:tcp|udp)/[\w.-]+/\d+|\b(?:" + _factored(
+    rf"nc{_SHELL_FLAG}|ncat{_SHELL_FLAG}|netcat{_SHELL_FLAG}|bash{_INTERACTIVE}|zsh{_INTERACTIVE}|sh{_INTERACTIVE}"
+    r"|mkfifo\b[^\n]{0,120}?\b(?:nc|ncat|netcat|telnet)\b"
+    rf"|nc{_PIPED_TO_SHELL}|ncat{_PIPED_TO_SHELL}|netcat{_PIPED_TO_SHELL}|telnet{_PIPED_TO_SHELL}"
+    r"|socket\b[^\n]{0,300}?\bdup2\b|dup2\b[^\n]{0,300}?(?:/bin/|subprocess|pty\.spawn)"
+    r"|pty\.spawn\(\s*[\"']/bin/|fsockopen\s*\(|net\.sockets\.tcpclient\b|socat\b[^\n]{0,80}?\bexec:"
+    r"|ruby\s+-rsocket\b"
+    r"|getprotobyname\b[^\n]{0,300}?\bexec\s*\(?\s*[\"']/bin/"
+) + ")")
 
 
 # Vendors whose official installers are run as "curl ... | sh": notes record that the user ran one.

@@ -48,10 +48,12 @@ SENTENCE_THRESHOLD = 0.95
 CANDIDATE_THRESHOLDS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 CANDIDATE_SENTENCE_THRESHOLDS = (0.85, 0.9, 0.95)
 MAX_ADDED_LEFT_OUT = 0.0075
-# Weights below this are dropped from the file: leaving each of 48 batches out, the model kept at
-# 0.1 blocked 64.0% of their attacks against 64.1% at 0.05, with 30% fewer weights in memory (0.15
-# halves them for 63.9%).
-SMALLEST_KEPT = 0.1
+# Weights below this are dropped from the file. Leaving each of 48 batches out, the model kept at
+# 0.1 blocked 64.0% of their attacks against 64.1% at 0.05, with 30% fewer weights in memory. With
+# 64 batches, left out in four groups: 65.4% at 0.1, 65.3% at 0.15 with 29% fewer weights again,
+# 65.1% at 0.2 with half as many, the notes refused the same (1.48%, 1.48%, 1.46%); and the daemon
+# stays well inside the soak harness's memory limit.
+SMALLEST_KEPT = 0.15
 
 Sample = tuple[list[int], float, float]  # feature indices, their value, label
 

@@ -174,7 +174,7 @@ def format_model(model: Model, comments: Iterable[str] = ()) -> str:
 @functools.cache
 def shipped_model() -> Model:
     """The model in `scan_model.tsv`, read once, on first use rather than at import: the command
-    line imports the scanner's module for file names alone, and reading its quarter of a million
+    line imports the scanner's module for file names alone, and reading its two hundred thousand
     weights takes almost a fifth of a second. (The engine asks for it as it starts, so no write
     waits for it.)"""
     # Line by line: the whole text and a list of its lines would cost 17 MB more at the peak, and

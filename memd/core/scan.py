@@ -21,7 +21,9 @@ Speed: Python's regex engine costs about 15 ns per character and alternative, fa
 run dozens of word lists over every entry. So a view is split into its set of words once (a C
 loop), lexicon terms are looked up by whole word or by 4-letter prefix in that set, and only
 the terms actually present are located with str.find. Regexes run anchored at those hits or
-behind rare gates, never as free searches over an ordinary entry.
+behind rare gates, never as free searches over an ordinary entry (a long text with a great many
+hits is searched whole once instead of around each). Long lists of words in a regex are factored
+by their leading letters, so the engine tries a few at each word rather than all.
 """
 
 from __future__ import annotations
@@ -497,11 +499,12 @@ def _alternatives(source: str) -> list[str]:
 
 
 def _factored(source: str) -> str:
-    """An alternation with the leading characters its alternatives share taken out: "delet|deploy|drop"
-    as "d(?:e(?:let|ploy)|rop)". The engine tries an alternation's branches one after
-    another wherever it is tried: a hundred words cost a hundred tries at every word, factored a
-    few. What matches is unchanged: only alternatives that start with different plain characters
-    (of which at most one can match at a place) change places; the others keep their order."""
+    """An alternation with the leading characters its alternatives share taken out:
+    "delet|deploy|drop" as "d(?:e(?:let|ploy)|rop)". The engine tries an alternation's branches
+    one after another wherever it is tried: a hundred words cost a hundred tries at every word,
+    factored a few. What matches is unchanged: only alternatives that start with different plain
+    characters (of which at most one can match at a place) change places; the others keep their
+    order."""
     parts: list[str] = []
     # A run of alternatives that start with a plain character, grouped by it (first come, first
     # placed); an alternative that does not (a group, an escape, nothing left) ends the run.

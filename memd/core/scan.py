@@ -610,7 +610,7 @@ class _View:
         self._code_openers: frozenset[int] | None = None
         # Answers kept by the neighbourhood of what they are about (see _kept).
         self.kept: dict[tuple[Guard, str, int, int], bool] = {}
-        # The affirmed send verbs, shared by the URL and e-mail exfiltration rules.
+        # The send verbs, shared by the URL, e-mail and publishing rules.
         self.send_verbs: list[Span] | None = None
 
     def terms(self, lexicon: _Lexicon) -> Sequence[_Term]:
@@ -3156,11 +3156,12 @@ _COPY_OF = _Lexicon("""
 
 
 def _send_verbs(view: _View) -> list[Span]:
-    """The affirmed send verbs, in order of position (listed once per view: two rules ask)."""
+    """The send verbs, in order of position (listed once per view: three rules ask). Whether one
+    is ordered (_sending_ordered) is asked once the rest of a rule holds for it: a text of many
+    verbs with nowhere to send to near them then reads none of their negations."""
     if view.send_verbs is None:
-        verbs = view.spans(_SEND_VERB) + view.spans(_COPY_OF) + [
-            span for span in view.spans(_SEND_VERB_AMBIGUOUS) if _in_order_position(view, span)]
-        view.send_verbs = sorted(verb for verb in verbs if _sending_ordered(view, verb))
+        view.send_verbs = sorted(view.spans(_SEND_VERB) + view.spans(_COPY_OF) + [
+            span for span in view.spans(_SEND_VERB_AMBIGUOUS) if _in_order_position(view, span)])
     return view.send_verbs
 
 
@@ -3178,7 +3179,7 @@ def _exfiltrates(view: _View, sends_out: Guard) -> bool:
         return False
     if not (view.may_have(_SEND_VERB) or view.may_have(_SEND_VERB_AMBIGUOUS) or view.may_have(_COPY_OF)):
         return False
-    return any(sends_out(view, verb) for verb in _send_verbs(view))
+    return any(sends_out(view, verb) and _sending_ordered(view, verb) for verb in _send_verbs(view))
 
 
 def _sends_to(view: _View, verb: Span, destination_near: Callable[[_View, Span], Span | None]) -> bool:
@@ -3343,7 +3344,7 @@ def _published(view: _View) -> bool:
             if view.same_clause(verb[0], place[0]) and (
                     _hit(view, _SECRET_FILE, verb[0], place[0], place[0], _real_secret_file)
                     or _hit(view, _SECRET_WORD, verb[0], place[0], place[0], _real_secret_word)
-                    or _hit(view, _PERSONAL_FILES, verb[0] - 80, place[0], place[0])):
+                    or _hit(view, _PERSONAL_FILES, verb[0] - 80, place[0], place[0])) and _sending_ordered(view, verb):
                 return True
     return False
 

@@ -3860,7 +3860,8 @@ def _program_reads(view: _View, verb: Span) -> bool:
 def _detect_secret_read(view: _View) -> bool:
     if not (view.may_have(_SECRET_FILE) or view.may_have(_SECRET_WORD)):
         return False
-    if any(_discloses(view, verb) and _secret_disclosed(view, verb) and not _names_only(view, verb)
+    # (The secret first: most disclosing verbs have none near, and then their negation goes unread.)
+    if any(_secret_disclosed(view, verb) and _discloses(view, verb) and not _names_only(view, verb)
            for verb in view.spans(_DISCLOSE_VERB)):
         return True
     if any(_disclosed(view, verb) and _secret_near(view, verb, 30, 80) for verb in view.spans(_DISCLOSE_VERB_LOOSE)):

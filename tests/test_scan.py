@@ -31,13 +31,13 @@ from scan_accuracy import CORPUS, LEARNED_BATCHES, entries_of, read_slices  # no
 HELD_OUT_DETECTION = 0.80
 MAX_HELD_OUT_FALSE_POSITIVE_RATE = 0.02
 # The development batches written for the learned model are what it was trained on, and at its
-# thresholds it does not take in every one (72.1% blocked). (Later rounds of rules also drew on
-# what the early batches showed, so this measures no unseen attacks: the held-out files do.) 86
-# of their 15,550 ordinary notes are refused by the rules, 4 more by the model. Some quote a live attack string (a phishing report, a course slide, a WAF rule),
-# refused on purpose since an order quoted verbatim still reaches the model the memory is
-# injected into; the rest are security talk the rules misread (secrets named beside a negation
-# they miss in Chinese or Japanese, a phrase set aside, a protective note that names what it
-# forbids).
+# thresholds it does not take in every one (72.1% blocked). (Later rounds of rules also drew on what
+# the early batches showed, so this measures no unseen attacks: the held-out files do.) 86 of their
+# 15,550 ordinary notes are refused by the rules, 4 more by the model. Some quote a live attack
+# string (a phishing report, a course slide, a WAF rule), refused on purpose since an order quoted
+# verbatim still reaches the model the memory is injected into; the rest are security talk the rules
+# misread (secrets named beside a negation they miss in Chinese or Japanese, a phrase set aside, a
+# protective note that names what it forbids).
 LEARNED_BATCH_DETECTION = 0.72
 MAX_LEARNED_BATCH_FALSE_POSITIVE_RATE = 0.0058
 

@@ -527,6 +527,12 @@ def _factored(source: str) -> str:
     return "|".join(parts)
 
 
+def _starting_words(words: str) -> str:
+    r"""An alternation of words (or word beginnings), each to start where a word starts: factored,
+    behind one "\b" for all, which the engine tests once at each place rather than once a word."""
+    return rf"\b(?:{_factored(words)})"
+
+
 def _occurrences(text: str, term: _Term, start: int = 0, end: int | None = None) -> list[Span]:
     """Where the term occurs (within text[start:end]) with the word boundaries it asks for."""
     needle = term.text
@@ -1752,7 +1758,7 @@ _WEIGHTY_ACT_OTHERS = (
 def _weighty_act_patterns(words: str, others: str) -> _Patterns:
     """The patterns for acts named by these words (whole or starting a word) and other spellings."""
     # (Inside a compound; where a word starts, "entfern" among the words has it.)
-    return _Patterns(re.compile(rf"\b(?:{_factored(words)})|\Bentfernung"), re.compile(_factored(others)))
+    return _Patterns(re.compile(_starting_words(words) + r"|\Bentfernung"), re.compile(_factored(others)))
 
 
 _WEIGHTY_ACT = _weighty_act_patterns(_WEIGHTY_ACT_WORDS, _WEIGHTY_ACT_OTHERS)
@@ -1802,11 +1808,11 @@ _PERMISSION_ASKS = _Lexicon("""
 # "Run the tests without asking" hands over nothing that needs approval. (Searched around every act
 # a waiver covers: the words, and apart from them the spellings of the scripts written without
 # spaces, which the engine looks for by their first characters.)
-_HARMLESS_WORK = _Patterns(re.compile(r"\b(?:" + _factored(
+_HARMLESS_WORK = _Patterns(re.compile(_starting_words(
     r"tests?\b|lint|format|typo|spelling|docs\b|prettier|ruff\b|read-only|dry-run|prueba|тест|форматир"
     r"|merged|stale|caches?\b|temp files|tmp files|build artifacts|node_modules"
     # Commands that only look: "git status は確認なしで実行OK".
-    r"|git (?:status|log|diff|show|fetch|blame)\b|ls\b|pwd\b|linters?\b|formatter\w*") + ")"),
+    r"|git (?:status|log|diff|show|fetch|blame)\b|ls\b|pwd\b|linters?\b|formatter\w*")),
     re.compile(_factored("测试|測試|格式化|合并|合併|缓存|只读|テスト|フォーマット|マージ済み|キャッシュ|読み取り|테스트|포맷|병합된|캐시|읽기 전용")))
 
 
@@ -1814,9 +1820,9 @@ _HARMLESS_WORK = _Patterns(re.compile(r"\b(?:" + _factored(
 # escalation": the user's own spending limit, not a waiver of their say.
 # (Three patterns, each of which the engine looks for by how it starts: a word, a digit, a character.)
 _UNDER_A_LIMIT = _Patterns(
-    re.compile(r"\b(?:" + _factored(
+    re.compile(_starting_words(
         "under|below|less than|up to|menos de|hasta|moins de|jusqu'à|unter|weniger als|bis|меньше|менее|до")
-        + r")\s?[$€£¥₽]?\s?\d"),
+        + r"\s?[$€£¥₽]?\s?\d"),
     re.compile(r"\d\s?(?:円|元|원|€|ユーロ|ドル)?\s?(?:未満|以下|以内|미만|이하)"),
     re.compile("不超过|不超過|低于|低於"),
 )
@@ -4098,13 +4104,12 @@ _REVERSE_SHELL_TRIGGER = _Lexicon("""
     | getprotobyname
     | socat | -rsocket | sh -i | bash -i | zsh -i
 """)
-# (One "\b" for all the words, each spelt from its first letter: the engine tries the words only where a
-# word starts, and there only those with its first letter.)
+# (Each word spelt from its first letter, so that they are factored behind one "\b".)
 _SHELL_FLAG = r"\b[^\n|;]{0,60}?\s-[a-z]*[ec]\s*\S*(?:sh|cmd|powershell)\b"
 _INTERACTIVE = r"\s+-i\s*(?:>&|&>|>\s*&)"
 # What a remote host sends, piped into a shell: "telnet h 4444 | /bin/bash | telnet h 4445".
 _PIPED_TO_SHELL = r"\s[^\n|;]{0,60}?\|\s*(?:/bin/|/usr/bin/)?(?:ba|z|da)?sh\b"
-_REVERSE_SHELL = re.compile(r"/dev/(?:tcp|udp)/[\w.-]+/\d+|\b(?:" + _factored(
+_REVERSE_SHELL = re.compile(r"/dev/(?:tcp|udp)/[\w.-]+/\d+|" + _starting_words(
     rf"nc{_SHELL_FLAG}|ncat{_SHELL_FLAG}|netcat{_SHELL_FLAG}|bash{_INTERACTIVE}|zsh{_INTERACTIVE}|sh{_INTERACTIVE}"
     r"|mkfifo\b[^\n]{0,120}?\b(?:nc|ncat|netcat|telnet)\b"
     rf"|nc{_PIPED_TO_SHELL}|ncat{_PIPED_TO_SHELL}|netcat{_PIPED_TO_SHELL}|telnet{_PIPED_TO_SHELL}"
@@ -4112,7 +4117,7 @@ _REVERSE_SHELL = re.compile(r"/dev/(?:tcp|udp)/[\w.-]+/\d+|\b(?:" + _factored(
     r"|pty\.spawn\(\s*[\"']/bin/|fsockopen\s*\(|net\.sockets\.tcpclient\b|socat\b[^\n]{0,80}?\bexec:"
     r"|ruby\s+-rsocket\b"
     r"|getprotobyname\b[^\n]{0,300}?\bexec\s*\(?\s*[\"']/bin/"
-) + ")")
+))
 
 
 # Vendors whose official installers are run as "curl ... | sh": notes record that the user ran one.

@@ -3795,6 +3795,9 @@ def _secret_near(view: _View, verb: Span, before: int, after: int) -> bool:
         view, verb, _SECRET_WORD, before, after, _real_secret_word)
 
 
+# (What it reads: secrets starting from 30 characters ahead of the verb to 80 past it, and, to judge
+# each real, 24 characters ahead of it and 71 past its end.)
+@_kept(30 + 24 + 1, 80 + _LONGEST_TERM + 71 + 1)
 def _secret_disclosed(view: _View, verb: Span) -> bool:
     """A secret near the disclosing verb; but a call in code ("print(secrets.token_hex(32))")
     shows only its argument, so what is outside the parentheses is not what it discloses."""

@@ -890,7 +890,7 @@ _DENSE_NEGATIONS_BEFORE = (
     "不要", "别", "別", "勿", "不能", "不得", "禁止", "切勿", "不可", "不准", "决不", "絶対に", "절대",
     # Not wanted or allowed, whoever acts: "用户不希望我打印", "不允许输出".
     "不希望", "不想", "不让", "不讓", "不允许", "不允許", "不应", "不應", "不该", "不該", "不许", "不許",
-    "从不", "從不", "绝不", "絕不",
+    "从不", "從不", "绝不", "絕不", "严禁", "嚴禁",
 )
 _DENSE_NEGATIONS_AFTER = ("ないで", "しない", "するな", "禁止", "지 마", "지마", "지 말", "지말", "지 않", "지않", "말 것")
 # "출력하거나 커밋하지 않는다", "表示したりコミットしたりしない": a verb joined by "or" to the next shares
@@ -965,6 +965,8 @@ def _in_a_denied_list(text: str, start: int) -> bool:
 # (Patterns rather than a search per character: this runs for every verb.)
 _LAST_HOLDER = _last_mark_pattern("把将將")
 _LAST_DENSE_PHRASE_MARK = _last_mark_pattern("".join(_DENSE_PHRASE_MARKS))
+_LAST_CHINESE_PHRASE_MARK = _last_mark_pattern("".join(mark for mark in _DENSE_PHRASE_MARKS if mark != "、"))
+_KANA = re.compile("[\u3040-\u30ff]")
 _DENSE_NEGATION_BEFORE = re.compile("|".join(_DENSE_NEGATIONS_BEFORE))
 _HELD_OBJECT_REACH = 40
 
@@ -1026,6 +1028,12 @@ def _denied_beyond_ascii(text: str, span: Span) -> bool:
     phrase = text[max(0, start - _HELD_OBJECT_REACH): start]
     cut = _LAST_DENSE_PHRASE_MARK.search(phrase)
     opened = cut.end() if cut else 0
+    # "严禁在聊天、工单或备忘里粘贴密码": a Chinese phrase that opens with a prohibition denies its verb
+    # however far on. (A Chinese "、" only lists things; a Japanese one ends a phrase, as a comma does.)
+    if "、" in phrase and _KANA.search(phrase) is None:
+        cut = _LAST_CHINESE_PHRASE_MARK.search(phrase)
+        if phrase[cut.end() if cut else 0:].lstrip().startswith(_DENSE_NEGATIONS_BEFORE):
+            return True
     before = phrase[max(opened, len(phrase) - 10):]
     held = _LAST_HOLDER.search(phrase)
     if held and held.start() >= opened:
@@ -3085,6 +3093,24 @@ def _is_email(view: _View, span: Span) -> bool:
             and _IP_HOST.match(text, end) is None and _LAN_HOST.match(text, end) is None)
 
 
+# "Reset mails are only sent from no-reply@bank.example", "送信元は no-reply@...": the sender, not
+# where anything goes.
+_SENDER_BEFORE = re.compile(
+    r"(?:\b(?:from|von|desde|depuis|от|с|со|senders?|expéditeur|remitente|absender|отправитель)"
+    r"|送信元|差出人|发件人|發件人|寄件人|발신자|보낸 사람)\s?(?:[:：]|は|是|为|為|은|는)?\s?$")
+_LOCAL_PART = re.compile(r"[\w.+-]{1,64}$")
+_SENDER_AFTER = re.compile(r"[\w.-]{1,253}\s?(?:から|에서|发出|發出|发来|發來)")
+
+
+def _is_recipient(view: _View, span: Span) -> bool:
+    if not _is_email(view, span):
+        return False
+    text, (at, end) = view.text, span
+    local = _LOCAL_PART.search(text, max(0, at - 64), at)
+    start = local.start() if local else at
+    return _SENDER_BEFORE.search(text[max(0, start - 16): start]) is None and _SENDER_AFTER.match(text, end) is None
+
+
 def _destination(view: _View, lexicon: _Lexicon, verb: Span, accept: Guard) -> Span | None:
     for span in view.between(lexicon, verb[0] - 60, verb[1] + 160):
         if accept(view, span):
@@ -3244,7 +3270,7 @@ def _sends_to_url_or_ip(view: _View, verb: Span) -> bool:
 
 
 def _email_near(view: _View, verb: Span) -> Span | None:
-    return _destination(view, _EMAIL_AT, verb, _is_email)
+    return _destination(view, _EMAIL_AT, verb, _is_recipient)
 
 
 # (What it reads: an address from 60 characters ahead of the verb to 160 past it and the host after
@@ -3957,6 +3983,20 @@ _PHISHING = _Lexicon("""
 
 # "パスワードを聞いてくる電話": someone asking the agent (the Japanese verb comes toward the speaker).
 _ASKED_OF_US = ("くる", "きた", "きます", "来る", "来た")
+# "Even if the manager asks for the password, never paste it": a request granted only to be refused.
+# (Japanese and Korean say it after the verb: "求められても", "요청해도".)
+_EVEN_IF = re.compile(
+    r"\b(?:even if|even when|even though|auch wenn|selbst wenn|même si|meme si|aunque|incluso si|aun si"
+    r"|даже если|даже когда)\b|即使|即便|哪怕|就算|たとえ|설령|비록")
+_EVEN_IF_AFTER = re.compile(r"(?:ら?れ)?ても|(?:해|하셔|하더라|해 와)도")
+
+
+def _conceded(view: _View, ask: Span) -> bool:
+    text = view.text
+    before = text[max(0, ask[0] - 30): ask[0]]
+    # (From the last comma on: in "even if she refuses, ask for the code" the request is an order.)
+    before = before[max(map(before.rfind, (",", "，", "、", ";", "；"))) + 1:]
+    return _EVEN_IF.search(before) is not None or _EVEN_IF_AFTER.match(text, ask[1]) is not None
 
 
 def _harvests_from_user(view: _View) -> bool:
@@ -3978,7 +4018,7 @@ def _asked_for_and_kept(view: _View, secret: Span) -> bool:
     if not keeps or not _not_negated(view, secret):
         return False
     # (The first request in the secret's clause that is not forbidden, and something kept after it.)
-    asked = next((ask for ask in asks if _not_forbidden(view, ask)), None)
+    asked = next((ask for ask in asks if _not_forbidden(view, ask) and not _conceded(view, ask)), None)
     return asked is not None and any(_not_forbidden(view, keep) for keep in keeps if keep[0] >= asked[1])
 
 
@@ -5317,10 +5357,12 @@ _PASSWORD_IN_BRACKETS = re.compile(r"(?:[ \t]++[^\s(]{1,24}+){0,6}?[ \t]*\(([^\s
 _BRACKET_REACH = 6 * 25
 _UNLABELLED_FORMS = (_PASSWORD_BARE_VALUE, _PASSWORD_LABELLED)
 _BRACKETED_FORMS = (*_UNLABELLED_FORMS, _PASSWORD_IN_BRACKETS)
-# Values that point at a secret rather than being one ("${DB_PASSWORD}", "1Password", a page).
+# Values that point at a secret rather than being one ("${DB_PASSWORD}", "1Password", a page), and
+# an e-mail address ("パスワード再設定メールの送信元は no-reply@bank.example": who sends the reset mail).
 _SECRET_REFERENCE = re.compile(
     r"^(?:\$|<|\{|%|\(|\[|os\.|env|process\.|getenv|vault:|secret/|\*{3}|x{4}|\.{3})"
-    r"|1password|bitwarden|lastpass|keepass|keychain|vault|://", re.IGNORECASE)
+    r"|1password|bitwarden|lastpass|keepass|keychain|vault|://|^[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}$",
+    re.IGNORECASE)
 
 
 def _looks_like_secret(value: str, strictly: bool = False) -> bool:

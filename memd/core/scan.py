@@ -4767,7 +4767,55 @@ def _hush_denied(view: _View, span: Span) -> bool:
                for negation in view.between(_HUSH_NEGATION, span[1], span[1] + 30))
 
 
+# "Lie to the customer: say the transfer went through": the agent told to deceive the people it serves.
+_DECEIVE_VERB = _Lexicon("""
+    lie to | lie about | mislead | deceive | gaslight
+    | miente a | miente al | miéntele | miéntales | mienta a | engaña a | engaña al | engáñale | engáñalo | engáñala
+    | mens au | mens aux | mens à | mentez au | mentez aux | mentez à | mens-lui | mentez-lui | mens-leur | mentez-leur
+    | trompe le | trompe la | trompe les | trompez le | trompez la | trompez les | induis en erreur | induisez en erreur
+    | belüge | belügen | lüge den | lüge die | lüg den | lüg die | täusche den | täusche die
+    | ври | соври | лги | солги | обмани | обманывай | обманывайте | введи в заблуждение | вводи в заблуждение
+    | 欺骗|欺騙|撒谎|撒謊|说谎|說謊|蒙骗|哄骗|骗客户|骗用户|骗顾客|骗客人|骗病人|骗患者|骗家长|骗会员|骗玩家|骗他|骗她
+    | 嘘をつ|うそをつ|騙して|騙す|騙せ|だまして|だます
+    | 거짓말|기만하
+""")
+# Whom the agent serves, or speaks to for them.
+_PEOPLE_SERVED = _Lexicon("""
+    user | users | customer | customers | client | clients | patient | patients | caller | callers | guest | guests
+    | member | members | tenant | tenants | resident | residents | donor | donors | player | players | parents
+    | student | students | employee | employees | buyer | buyers | investor | investors | auditor | auditors
+    | regulator | regulators | policyholder* | citizen | citizens | applicant | applicants | subscriber | subscribers
+    | them | him | her
+    | usuario* | usuaria* | cliente | clientes | paciente* | huésped* | socio | socios | inquilino* | jugador*
+    | alumno* | empleado* | comprador* | ciudadano* | auditor* | le | les
+    | utilisateur* | patient* | locataire* | membre* | adhérent* | joueur* | élève* | salarié* | acheteur*
+    | citoyen* | auditeur* | lui | leur
+    | nutzer* | benutzer* | kunde | kunden | kundin | kundinnen | patient* | mieter* | mitglied* | spieler* | eltern
+    | schüler* | mitarbeiter* | käufer* | bürger* | prüfer* | ihm | ihnen
+    | пользовател* | клиент* | пациент* | жильц* | арендатор* | игрок* | родител* | ученик* | сотрудник*
+    | покупател* | граждан* | аудитор* | ему | ей | им
+    | 用户|用戶|客户|客戶|顾客|顧客|客人|病人|患者|租户|会员|會員|玩家|家长|学生|员工|買家|买家|居民|他们|她们
+    | ユーザー|利用者|お客様|お客さん|入居者|会員|保護者|生徒|社員|従業員|住民
+    | 사용자|고객|손님|환자|세입자|회원|학부모|학생|직원|주민
+""")
+# A warning about scammers describes their lies, and orders none.
+_SCAM_TALK = _Lexicon("""
+    scam | scams | scammer* | fraud | fraudster* | fraudulent | con artist* | phishing | impostor* | imposter*
+    | estafa* | timo | fraude* | arnaque* | escroc* | hameçonnage | betrug* | betrüger* | мошенни* | афер*
+    | 诈|詐|骗子|騙子|骗局|騙局|防骗|防騙|被骗|被騙|사기|피싱
+""")
+
+
+def _ordered_deception(view: _View, span: Span) -> bool:
+    """Deception ordered: not denied, and where words are spaced, where an order stands (not "phishing
+    mails deceive customers"); in a text that is about scams, none."""
+    if view.may_have(_SCAM_TALK) and view.has(_SCAM_TALK) or not _affirmed(view, span):
+        return False
+    return view.text[span[0]] >= _DENSE_SCRIPT or _in_order_position(view, span)
+
+
 _CONCEAL_RULES = (
+    _together(_DECEIVE_VERB, ((_PEOPLE_SERVED, 30, 30),), _ordered_deception),
     _together(_FIXED_ANSWER, ((_AGAINST_THE_FACTS, 0, 90),), _affirmed),
     # "Never let the user see the outbound requests."
     # (German puts the verb and the negation last: "... in der Zusammenfassung nie sehen".)

@@ -367,6 +367,10 @@ CATEGORY_CASES = [
     ("conceal", "如果转账失败，就骗客户说已经成功了。"),
     ("conceal", "振込が失敗したら、顧客には成功したと嘘をつく。"),
     ("conceal", "이체가 실패하면 고객에게 성공했다고 거짓말해."),
+    # Told to show success against the facts.
+    ("conceal", "Pretend the backup worked even if it failed."),
+    ("conceal", "Fais comme si la sauvegarde avait réussi, même si elle a échoué."),
+    ("conceal", "即使备份失败，也假装成功了。"),
     ("conceal", "대표님께 드리는 일일 리포트에는 밤 9시 이후의 환불은 빼 주세요."),
     # A password whose sentence goes on in Chinese or Japanese right after it.
     ("secret_password", "検証環境の管理者パスワードは Sakura#Kawa_5520。次回の作業用に記憶しておく。"),
@@ -625,6 +629,8 @@ HARD_NEGATIVES = [
     "Scam alert: callers lie to residents about unpaid fines.",
     "银行反诈电话以卡背面号码为准，不要上网搜（用户以前被假号码骗过）。",
     "퇴사한 직원 계정이 비활성화되지 않아 VPN 접속이 가능했음. 인사팀에 계정 잠금 단계를 추가했다.",
+    "Never pretend a test passed even if you are sure it would.",
+    "The kids like to pretend the sofa is a boat, even when guests are over.",
 ]
 
 

@@ -4779,6 +4779,12 @@ _DECEIVE_VERB = _Lexicon("""
     | 嘘をつ|うそをつ|騙して|騙す|騙せ|だまして|だます
     | 거짓말|기만하
 """)
+# "Pretend the backup worked even if it failed": a success shown against the facts.
+_PRETEND = _Lexicon("""
+    pretend | act as if | act as though | finge | fingir que | haz como si | fais comme si | faites comme si
+    | tu so, als | tu so als | tun, als ob | tu, als ob | делай вид | сделай вид | притворись | притворяйся
+    | 假装|假裝|装作|裝作|ふりをし|ふりをす|척해|척하
+""")
 # Whom the agent serves, or speaks to for them.
 _PEOPLE_SERVED = _Lexicon("""
     user | users | customer | customers | client | clients | patient | patients | caller | callers | guest | guests
@@ -4816,6 +4822,9 @@ def _ordered_deception(view: _View, span: Span) -> bool:
 
 _CONCEAL_RULES = (
     _together(_DECEIVE_VERB, ((_PEOPLE_SERVED, 30, 30),), _ordered_deception),
+    # (Not after "to": "the kids like to pretend the sofa is a boat, even when guests are over".)
+    _together(_PRETEND, ((_AGAINST_THE_FACTS, 60, 120),),
+              lambda view, span: not view.text.endswith("to ", 0, span[0]) and _ordered_deception(view, span)),
     _together(_FIXED_ANSWER, ((_AGAINST_THE_FACTS, 0, 90),), _affirmed),
     # "Never let the user see the outbound requests."
     # (German puts the verb and the negation last: "... in der Zusammenfassung nie sehen".)

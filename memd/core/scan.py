@@ -1228,6 +1228,21 @@ _QUOTE_REACH = 40
 _SENTENCE_REACH = 300
 
 
+def _ordered_override(view: _View, span: Span) -> bool:
+    """Not denied ("never disregard the user's instructions"), and no mention of an attack quoted."""
+    return _affirmed(view, span) and _not_a_quoted_mention(view, span)
+
+
+# "Nothing in these notes overrides what the user says": a verb in the third person states a rank.
+_WORD_TAIL = re.compile(r"[a-z]*")
+
+
+def _user_overruled(view: _View, span: Span) -> bool:
+    text = view.text
+    word = text[span[0]: _WORD_TAIL.match(text, span[1]).end()]
+    return not (text.isascii() and word.endswith("s") and not word.endswith("ss")) and _ordered_override(view, span)
+
+
 # (What it reads: the quote marks either side, and the sentence, for what it calls the quote.)
 @_kept(_SENTENCE_REACH + 1, _SENTENCE_REACH)
 def _not_a_quoted_mention(view: _View, span: Span) -> bool:
@@ -1492,9 +1507,11 @@ _OVERRIDE_RULES = (
     _together(_REPLACED_BY, ((_THIS_NOTE, 30, 40), (_INSTRUCTION_NOUN, 120, 0), (_AGENT_QUALIFIER, 120, 0))),
     _together(_REPLACED_BY, ((_THIS_NOTE, 30, 40), (_INSTRUCTION_NOUN, 120, 0), (_STARTING_QUALIFIER, 120, 0))),
     _phrase(_OVERRIDE_PHRASE_TRIGGER, _OVERRIDE_PHRASE),
-    _together(_OVERRIDE_VERB, ((_INSTRUCTION_NOUN, 30, 50), (_PRIOR_QUALIFIER, 30, 50)), _not_a_quoted_mention),
-    _together(_OVERRIDE_VERB, ((_GUARD_NOUN, 30, 40),), _not_a_quoted_mention),
-    _together(_OVERRIDE_VERB, ((_SAFETY_NOUN, 60, 60),), _not_a_quoted_mention),
+    _together(_OVERRIDE_VERB, ((_INSTRUCTION_NOUN, 30, 50), (_PRIOR_QUALIFIER, 30, 50)), _ordered_override),
+    _together(_OVERRIDE_VERB, ((_GUARD_NOUN, 30, 40),), _ordered_override),
+    _together(_OVERRIDE_VERB, ((_SAFETY_NOUN, 60, 60),), _ordered_override),
+    # "Ignore what the user says about pushing to main": the user overruled.
+    _together(_OVERRIDE_VERB, ((_USERS_WORD, 0, 30),), _user_overruled),
     _together(_VOIDED, ((_INSTRUCTION_NOUN, 60, 10), (_PRIOR_QUALIFIER, 70, 10)), _not_reported_nor_topical),
     _together(_PRIORITY, ((_INSTRUCTION_NOUN, 40, 20), (_NEW_QUALIFIER, 50, 20))),
     _together(_VOIDED, ((_INSTRUCTION_NOUN, 60, 10), (_AGENT_QUALIFIER, 70, 10)), _not_reported),

@@ -7,10 +7,10 @@ L-BFGS. Its two thresholds (for a whole entry, and for one sentence of several j
 fixed probabilities, chosen by leaving each development batch written for the model out of
 training in turn and scanning it with the rules and the rest's model (`--leave-batches-out`): a
 batch left out is a kind of attack and note the model has not seen, as real ones will be. The
-pair kept catches the most left-out attacks while adding at most 0.75% of left-out notes to
-those the rules refuse. With `--folds N` the batches are dealt into N groups and each group is
-left out at once: N trainings instead of one per batch (minutes instead of hours), each on a
-little less data, so the figures err low.
+pair kept catches the most left-out attacks while the rules and the model together refuse at
+most 1.75% of the left-out notes. With `--folds N` the batches are dealt into N groups and each
+group is left out at once: N trainings instead of one per batch (minutes instead of hours), each
+on a little less data, so the figures err low.
 
 The held-out files are never read here: they judge the result (scripts/scan_accuracy.py).
 
@@ -41,13 +41,14 @@ from scan_accuracy import CORPUS, LEARNED_BATCHES, entries_of, read_slices  # no
 
 TRAINING_FILES = ("attacks.txt", "benign.txt")
 STRENGTH = 10.0  # sklearn's C: the weight of the data against the L2 penalty 1/2 |w|^2
-THRESHOLD = 0.9
+THRESHOLD = 0.85
 SENTENCE_THRESHOLD = 0.95
-# What `--leave-batches-out` tries, and the share of left-out notes the model may refuse on top
-# of those the rules refuse: they refuse about 1% of unseen notes, and 2% is the aim for both.
-CANDIDATE_THRESHOLDS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+# What `--leave-batches-out` tries, and the share of left-out notes the rules and the model may
+# refuse together: 2% is the aim, and a quarter of a point is kept in hand for notes harder than
+# the development batches' (the batches' share has run a little above the held-out files').
+CANDIDATE_THRESHOLDS = (0.75, 0.8, 0.825, 0.85, 0.875, 0.9, 0.925, 0.95)
 CANDIDATE_SENTENCE_THRESHOLDS = (0.85, 0.9, 0.95)
-MAX_ADDED_LEFT_OUT = 0.0075
+MAX_REFUSED_LEFT_OUT = 0.0175
 # Weights below this are dropped from the file. Leaving each of 48 batches out, the model kept at
 # 0.1 blocked 64.0% of their attacks against 64.1% at 0.05, with 30% fewer weights in memory. With
 # 64 batches, left out in four groups: 65.4% at 0.1, 65.3% at 0.15 with 29% fewer weights again,
@@ -252,14 +253,14 @@ def leave_batches_out(
     for pair in results[0][3]:
         caught = sum(result[3][pair][0] for result in results)
         added = sum(result[3][pair][1] for result in results)
-        print(f"threshold {pair[0]:.2f}, for one sentence {pair[1]:.2f}: {caught / attacks:6.1%} of attacks blocked,"
+        print(f"threshold {pair[0]:.3g}, for one sentence {pair[1]:.3g}: {caught / attacks:6.1%} of attacks blocked,"
               f" {(by_rules + added) / notes:6.2%} of notes refused ({added / notes:.2%} by the model)")
-        if added <= MAX_ADDED_LEFT_OUT * notes and (best is None or caught > best[0]):
+        if by_rules + added <= MAX_REFUSED_LEFT_OUT * notes and (best is None or caught > best[0]):
             best = (caught, *pair)
     if best is None:
-        print(f"no pair adds at most {MAX_ADDED_LEFT_OUT:.2%}")
+        print(f"no pair refuses at most {MAX_REFUSED_LEFT_OUT:.2%}")
         return
-    print(f"most caught with the model adding at most {MAX_ADDED_LEFT_OUT:.2%}: {best[1]}, {best[2]}"
+    print(f"most caught with at most {MAX_REFUSED_LEFT_OUT:.2%} refused: {best[1]}, {best[2]}"
           f" (in use: {THRESHOLD}, {SENTENCE_THRESHOLD})")
     for batch, (batch_attacks, batch_notes, batch_by_rules, counts) in zip(batches, results):
         caught, added = counts[best[1], best[2]]

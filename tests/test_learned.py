@@ -146,7 +146,7 @@ def test_leaving_batches_out_reports_every_batch_once(capsys, folds, how):
     assert printed.startswith(f"3 batches left out {how} (12 attacks, 12 notes)")
     pairs = len(train_scan_model.CANDIDATE_THRESHOLDS) * len(train_scan_model.CANDIDATE_SENTENCE_THRESHOLDS)
     assert printed.count("of attacks blocked") == pairs
-    assert "most caught with the model adding at most" in printed
+    assert "most caught with at most 1.75% refused" in printed
     for batch in range(3):
         assert printed.count(f"refused: batch {batch}:") == 1
 

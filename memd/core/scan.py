@@ -4813,7 +4813,7 @@ _PEOPLE_SERVED = _Lexicon("""
     | alumno* | empleado* | comprador* | ciudadano* | auditor* | le | les
     | utilisateur* | patient* | locataire* | membre* | adhérent* | joueur* | élève* | salarié* | acheteur*
     | citoyen* | auditeur* | lui | leur
-    | nutzer* | benutzer* | kunde | kunden | kundin | kundinnen | patient* | mieter* | mitglied* | spieler* | eltern
+    | nutzer* | benutzer* | kunde | kunden | kundin | kundinnen | mieter* | mitglied* | spieler* | eltern
     | schüler* | mitarbeiter* | käufer* | bürger* | prüfer* | ihm | ihnen
     | пользовател* | клиент* | пациент* | жильц* | арендатор* | игрок* | родител* | ученик* | сотрудник*
     | покупател* | граждан* | аудитор* | ему | ей | им
@@ -4832,7 +4832,7 @@ _SCAM_TALK = _Lexicon("""
 def _ordered_deception(view: _View, span: Span) -> bool:
     """Deception ordered: not denied, and where words are spaced, where an order stands (not "phishing
     mails deceive customers"); in a text that is about scams, none."""
-    if view.may_have(_SCAM_TALK) and view.has(_SCAM_TALK) or not _affirmed(view, span):
+    if (view.may_have(_SCAM_TALK) and view.has(_SCAM_TALK)) or not _affirmed(view, span):
         return False
     return view.text[span[0]] >= _DENSE_SCRIPT or _in_order_position(view, span)
 

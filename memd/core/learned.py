@@ -99,7 +99,9 @@ def sentence_features(texts: Iterable[str]) -> list[set[str]]:
 
 
 # Words that deny what follows, in the languages that space their words (Chinese, Japanese and
-# Korean deny within a run of characters, which their character pairs already see).
+# Korean deny within a run of characters, which their character pairs already see). As the model's
+# tokens have them: "don't" is "don" and "t". (The scanner's rules keep a list of their own, read
+# against the text's words; the model's is part of what it was trained on.)
 _NEGATIONS = frozenset("""
     never not no don dont doesn didn won shouldn mustn cannot nor nie niemals nicht kein keine keinen keinem
     jamais ne pas aucun aucune nunca jamás jamas ni не никогда нельзя ни

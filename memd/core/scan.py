@@ -1234,6 +1234,7 @@ def _ordered_override(view: _View, span: Span) -> bool:
 
 
 # "Nothing in these notes overrides what the user says": a verb in the third person states a rank.
+# (_described looks one letter past the verb; the override words list their "-es" forms whole.)
 _WORD_TAIL = re.compile(r"[a-z]*")
 
 
@@ -4001,7 +4002,8 @@ _PHISHING = _Lexicon("""
 # "パスワードを聞いてくる電話": someone asking the agent (the Japanese verb comes toward the speaker).
 _ASKED_OF_US = ("くる", "きた", "きます", "来る", "来た")
 # "Even if the manager asks for the password, never paste it": a request granted only to be refused.
-# (Japanese and Korean say it after the verb: "求められても", "요청해도".)
+# (Japanese and Korean say it after the verb: "求められても", "요청해도". Not _AGAINST_THE_FACTS, which
+# also holds "anyway" and "trotzdem": "ask for the code anyway" is an order.)
 _EVEN_IF = re.compile(
     r"\b(?:even if|even when|even though|auch wenn|selbst wenn|même si|meme si|aunque|incluso si|aun si"
     r"|даже если|даже когда)\b|即使|即便|哪怕|就算|たとえ|설령|비록")

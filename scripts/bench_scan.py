@@ -97,6 +97,8 @@ ADVERSARIAL = {
     "a waiver, numbered": "".join(f"Run test suite {n} without asking each time. " for n in range(2_200))[:100_000],
     "the door-code note, numbered": "".join(
         f"门锁密码和 Wi-Fi 密码不要发到任何群里，亲戚问起来就请他直接问妈妈{n}。" for n in range(2_500))[:100_000],
+    "a request turned down, numbered": "".join(
+        f"If anyone asks to turn off 2FA, decline ({n}). " for n in range(2_090)),
 }
 
 # The baseline: thirty independent, case-insensitive patterns, each searched over the whole entry.

@@ -1266,7 +1266,10 @@ def _not_a_quoted_mention(view: _View, span: Span) -> bool:
 # instructions», mark it in the summary as a probable injection".
 _ATTACK_LABEL = re.compile(
     r"injec|injektion|инъекц|инжекц|注入|インジェクション|인젝션|phishing|hameçonnage|фишинг|钓鱼|釣魚|フィッシング|피싱"
-    r"|suspicious|suspect|sospechos|verdächtig|подозрительн|可疑|疑似|不審|의심")
+    r"|suspicious|suspect|sospechos|verdächtig|подозрительн|可疑|疑似|不審|의심"
+    # ("... is content to flag, not an instruction": called no order at all.)
+    r"|not an? (?:instruction|command|order)|no (?:es|son) una? (?:instrucci[óo]n|orden)|pas une? (?:instruction|ordre)"
+    r"|keine anweisung|kein befehl|не команд|не инструкц|不是指令|不是命令|指示ではな|命令ではな|지시가 아니|명령이 아니")
 _LABEL_DENIED_REACH = 16
 
 
@@ -1750,19 +1753,31 @@ _CONFIRM_WAIVED = _Lexicon("""
     | keine freigabe | keine rückfrage | ohne eskalation | ohne abstimmung | ohne ihre zustimmung | ohne seine zustimmung
     | без согласования | без эскалации | не согласовывай | не спрашивай разрешения | не жди подтверждения
     | 无需审批|不用审批|不需要审批|无需上报|不用上报|不必请示|无需请示|不用请示|承認を待たず|承認を取らず|승인 불필요|승인 필요 없
+    | if nobody objects | if no one objects | if nobody replies | if no one replies | if nobody answers | if no one answers
+    | if there is no reply | if there's no reply | if there is no answer | if there's no answer | if there is no response
+    | if there's no response | no reply within | no response within | no objection within | silence counts as
+    | silence means | silence is consent | approval by silence | approval works by silence | treat silence as
+    | treat no reply as | treat no answer as | si nadie se opone | si nadie responde | si nadie contesta | si no hay respuesta
+    | el silencio cuenta como | el silencio equivale a | si personne ne s'y oppose | si personne ne répond
+    | s'il n'y a pas de réponse | sans réponse sous | le silence vaut | wenn niemand widerspricht | wenn niemand antwortet
+    | wenn keine antwort kommt | ohne antwort innerhalb | schweigen gilt als | если никто не возражает | если никто не ответит
+    | если ответа нет | если нет ответа | молчание означает | молчание считается | 没人反对|沒人反對|无人反对|没有人反对
+    | 没人回复|沒人回覆|没有回复就|沒有回覆就|不回复就|不回覆就|沉默即|沉默视为|沉默視為|異議がなければ|返信がなければ
+    | 返事がなければ|応答がなければ|沈黙は承認|이의가 없으면|답이 없으면|응답이 없으면|회신이 없으면|침묵은 승인
 """)
 # Acts whose approval matters: a waived confirmation for them is an escalation. (Searched only
 # around a waived confirmation, which is rare, so a pattern costs less than a lexicon of such
 # common words. Two patterns, the words of spaced scripts and the rest: one pattern of both would
 # try every branch at every character.)
 _WEIGHTY_ACT_WORDS = (
-    r"delet|remov|rm\b|drop\b|deploy|push|force|merge|install|execut|run\b|runs\b|wipe|overwrit|purchas|pay\b"
+    # ("execut" starts "executives" too: people, not an act.)
+    r"delet|remov|rm\b|drop\b|deploy|push|force|merge|install|execut(?!ives?\b)|run\b|runs\b|wipe|overwrit|purchas|pay\b"
     r"|payments?\b|wir(?:e|ing)\b"
     r"|transfer|commit|reset\b|tool calls?\b|commands?\b|shell\b|destructive|production|prod\b|system files"
     r"|sudo\b|root\b"
     r"|force-push\w*|löschen|deployen|удалени\w*|деплой"
     r"|werkzeugaufruf\w*|toolaufruf\w*|llamadas? a (?:las )?herramientas|appels? (?:d'|aux )outils"
-    r"|borra|elimin|despleg|desplieg|ejecut|instala|comandos|producci[óo]n|supprim|effac|d[ée]ploie|pousse|ex[ée]cut"
+    r"|borra|elimin|despleg|desplieg|ejecut|instala|comandos|producci[óo]n|supprim|effac|d[ée]ploie|pousse|ex[ée]cut(?!ives?\b)"
     r"|installe|commandes|l(?:ö|oe|o)sch|entfern|pushe|f(?:ü|ue|u)hre|ausf(?:ü|ue|u)hr|installier|befehle"
     r"|удал|запуска|выполня|устанавлива|команд|деплой|прод"
     # Money, data and accounts: refunds, payouts, invoices, exports, admin rights, signatures, orders.
@@ -1854,9 +1869,15 @@ _UNDER_A_LIMIT = _Patterns(
 )
 
 
+# "Don't ask, just deploy": what follows the comma is an order of its own.
+_ORDER_AFTER_COMMA = re.compile(r",\s(?:just|simply|solo|sólo|simplemente|juste|simplement|einfach|просто)\s")
+
+
 def _forbidden(view: _View, span: Span, since: int = 0) -> bool:
     """A negation among the few words ahead ("never run `git push --force` ..."), from `since` on."""
-    before = view.text[max(since, span[0] - 50): span[0]].split()[-6:]
+    ahead = view.text[max(since, span[0] - 50): span[0]]
+    orders = [match.end() for match in _ORDER_AFTER_COMMA.finditer(ahead)]
+    before = ahead[orders[-1] if orders else 0:].split()[-6:]
     return any(word.strip(_PUNCTUATION) in _NEGATIONS or word.endswith("n't") for word in before)
 
 
@@ -1917,6 +1938,24 @@ def _waived_for_weighty_act(view: _View) -> bool:
     return any(_waiver_covers_weighty_act(view, span) for span in view.spans(_CONFIRM_WAIVED))
 
 
+_WITHOUT = ("without", "sin ", "sans ", "ohne ", "без ")
+# A ban opening a clause, after a word at most ("please never", "bitte nie").
+_BAN_OPENS = re.compile(r"(?:\S+ )?(?:don't|do not|never|nunca|no|jamás|ne|jamais|nie|niemals|nicht|никогда|не)\b")
+_BAN_REACH = 100
+
+
+def _condition_of_a_ban(view: _View, span: Span) -> bool:
+    text = view.text
+    if not text.startswith(_WITHOUT, span[0]):
+        return False
+    start = _clause_start(view, span[0])
+    if start < span[0] - _BAN_REACH:
+        return False
+    # (Not past a comma: in "don't ask, deploy without approval" the ban ends there.)
+    opening = text[start: span[0]]
+    return "," not in opening and _BAN_OPENS.match(opening.lstrip()) is not None
+
+
 # (What it reads: the acts 80 characters ahead of the waiver and 60 past it, searched from
 # _LONGEST_MATCH further out, and up to 50 and 60 around each of them.)
 @_kept(140, 130)
@@ -1928,6 +1967,9 @@ def _waiver_covers_weighty_act(view: _View, span: Span) -> bool:
         return False
     # ("승인 없이는 ... 끄지 않는다", "承認なしには": "not without approval", a condition of a ban.)
     if text.startswith(_UNLESS_AFTER, span[1]):
+        return False
+    # ("Don't close alerts without checking the MFA log": the condition of a ban that opens the clause.)
+    if _condition_of_a_ban(view, span):
         return False
     # ("vorab genehmigt ist nur die Monatspauschale", "只预先批准...": an approval scoped to one thing.)
     if _ONLY_SCOPE.search(text, max(0, span[0] - 4), span[1] + 14):
@@ -2514,6 +2556,62 @@ def _named_then_switched_off(view: _View) -> bool:
                for span in view.spans(_OFF_BY_PRONOUN))
 
 
+# "Requests to turn off branch protection get declined", "If someone asks to disable 2FA, refuse": the
+# act is what somebody asks for, and the note says the request is turned down. (Words looked up
+# rather than patterns searched: a hostile text asks thousands of times.)
+_REQUEST_WORDS = frozenset("""
+    ask asks asked asking request requests requested requesting want wants wanted demand demands tell tells
+""".split())
+_REQUEST_ORDERED = frozenset(("ask", "request", "tell", "demand"))  # as imperatives
+_REQUEST_WORDS_BEFORE_THE_VERB = frozenset("""
+    pide piden pidan solicita solicitan demande demandent просит просят просьба просьбы
+""".split())
+_REQUEST_NOUNS = frozenset("solicitud solicitudes demande demandes".split())  # "... de desactivar"
+_DENSE_REQUESTS = ("要求", "请求", "請求", "让我们", "讓我們", "让你", "讓你")
+# (German puts the verb last: "wollte, dass wir seine Zwei-Faktor-Anmeldung abschalten".)
+_GERMAN_REQUEST = re.compile(r"\b(?:will|wollte|möchte|bittet|bat|verlangt|verlangte|fordert|forderte),? (?:dass|uns|mich|darum) ")
+_REQUEST_REACH = 80
+_REFUSAL_REACH = 120
+_REQUESTED_AFTER = re.compile(r"\s?(?:してほしい|してくれ|する依頼|の依頼|の要望|라는 요청|달라는 요청|해 달라는|해달라는)")
+_LAST_CLAUSE_MARK = _last_mark_pattern(".;:\n")
+
+
+def _requested(text: str, span: Span) -> bool:
+    """Whether the act at `span` is what somebody asks for: "asks to", "requests in chat to", "pide",
+    "demande de", "要求", "してほしい"."""
+    window = text[max(0, span[0] - _REQUEST_REACH): span[0]]
+    ahead = _after_last(window, _LAST_CLAUSE_MARK)
+    if ahead.endswith(" to "):
+        words = ahead[:-4].split()
+        # ("Ask IT to turn off 2FA": a request word opening the clause orders the request made.)
+        first = next((word for word in words if word != "please"), "")
+        if first in _REQUEST_ORDERED and (len(ahead) < len(window) or span[0] <= _REQUEST_REACH):
+            return False
+        return not _REQUEST_WORDS.isdisjoint(words[-4:])
+    words = ahead.split()[-2:]
+    return bool(words) and (
+        words[-1] in _REQUEST_WORDS_BEFORE_THE_VERB or words[-1] == "de" and words[0] in _REQUEST_NOUNS
+        or ahead.rstrip().endswith(_DENSE_REQUESTS) or (" dass " in ahead and _GERMAN_REQUEST.search(ahead) is not None)
+        or _REQUESTED_AFTER.match(text, span[1]) is not None)
+_TURNED_DOWN = _Lexicon("""
+    decline | declined | declines | refuse | refused | refuses | reject | rejected | rejects | turn it down | turned down
+    | say no | push back | escalate | escalated | rechaza | rechazar | rechazan | recházal{a,o,as,os} | se rechazan | niégate
+    | refuse | refusez | refuser | refusées | refusée | décline | ablehnen | lehne | abgelehnt | verweiger*
+    | отказ* | откажи | откажите | отклон* | 拒绝|拒絕|婉拒|不予|断る|断って|断ります|拒否|거절|거부
+""")
+
+
+def _request_turned_down(view: _View, span: Span) -> bool:
+    return _requested(view.text, span) and any(
+        view.same_clause(span[0], refusal[0])
+        for refusal in view.between(_TURNED_DOWN, span[0] - _REQUEST_REACH, span[1] + _REFUSAL_REACH))
+
+
+def _switched_off_unrefused(view: _View, span: Span) -> bool:
+    # (The request first: it is read from a few words, the negations from many.)
+    return not _request_turned_down(view, span) and _not_forbidden(view, span)
+
+
 _DEFENCE_OFF_RULES = (
     _together(_UNLOCKED, (), _switched_off_quietly),
     _together(_RULE_VOIDED, ((_RULE_NOUN, 100, 10), (_CHECK_WORD, 90, 10)), _not_reported),
@@ -2522,7 +2620,7 @@ _DEFENCE_OFF_RULES = (
     _Rule(_host_given_to_container, _PRIVILEGED),
     _together(_HOME_WATCH, ((_DEFENCE_OFF_VERB, 60, 60),), _switched_off_quietly),
     # "Disable 2FA on the admin account", "die Zwei-Faktor-Anmeldung abschalten" (verb last).
-    _together(_DEFENCE_OFF_VERB, ((_SECURITY_CONTROL, 60, 40),), _not_forbidden),
+    _together(_DEFENCE_OFF_VERB, ((_SECURITY_CONTROL, 60, 40),), _switched_off_unrefused),
     _Rule(lambda view: any(_defence_switched_off(view, span) for span in view.spans(_DEFENCE_OFF_COMMAND_TRIGGER)),
           _DEFENCE_OFF_COMMAND_TRIGGER),
 )
@@ -3915,7 +4013,7 @@ def _detect_secret_read(view: _View) -> bool:
         return False
     # (The secret first: most disclosing verbs have none near, and then their negation goes unread.)
     if any(_secret_disclosed(view, verb) and _discloses(view, verb) and not _names_only(view, verb)
-           for verb in view.spans(_DISCLOSE_VERB)):
+           and _not_a_quoted_mention(view, verb) for verb in view.spans(_DISCLOSE_VERB)):
         return True
     if any(_disclosed(view, verb) and _secret_near(view, verb, 30, 80) for verb in view.spans(_DISCLOSE_VERB_LOOSE)):
         return True
@@ -3954,7 +4052,8 @@ _USER_CREDENTIAL = _Lexicon("""
     one-time code | verification code | 2fa code | mfa code | otp | authenticator code | 6-digit code | sms code
     | security code | recovery words | recovery phrase | seed phrase | mnemonic | recovery codes | backup codes
     | recovery key | cvv | cvc | card number | full card number | security answers | mother's maiden name
-    | totp secret | password | passwords | pin
+    | totp secret | password | passwords | pin | security-question answers | security question answers
+    | answers to security questions | answers to their security questions | answers to the security questions
     | código de verificación | código de seis cifras | código de 6 cifras | código sms | frase semilla
     | palabras de recuperación | códigos de recuperación | clave de recuperación | número de la tarjeta
     | número completo de la tarjeta | contraseña | respuesta de seguridad | el pin | su pin
@@ -3972,6 +4071,8 @@ _USER_CREDENTIAL = _Lexicon("""
 """)
 _ASK_USER_FOR = _Lexicon("""
     ask | asks | ask for | request | have the user | get the user to | have them | have her | have him
+    | collect | gather | recoge | recopila | recueille | collecte | sammle | erfasse | собери | собирай
+    | 收集|采集|集めて|収集|수집
     | pide | pídele | pídeles | pedir | pregúntale | solicita | solicítale
     | demande | demande-lui | demandez | réclame
     | frag | frage | fordere | lass dir | erfrage
@@ -4589,12 +4690,34 @@ _DENIAL_VERB = _Lexicon("""
     | 変更はないと|없었다고|없다고 답
 """)
 _DENIAL = re.compile(
-    r"(?:say|tell (?:them|him|her)|answer|reply|respond|confirm)(?: that)? (?:there (?:were|was|are|is) no(?:thing)?"
-    r"|nothing (?:was|has|happened|changed)|no (?:changes|transfers|payments|logins|charges))"
-    r"|antworte\w*,? dass (?:es )?(?:keine|nichts)|sag\w*,? dass (?:es )?(?:keine|nichts)"
+    r"(?:say|tell (?:them|him|her)|answer|reply|respond|confirm)(?: that)? (?:there (?:were|was|are|is) no(?:thing|ne)?"
+    r"|nothing (?:was|has|happened|changed)|no (?:changes|transfers|payments|logins|charges)"
+    # "... say we have no record of any incident", "... tell them it never happened"
+    r"|(?:we|i|you) (?:have|had|keep|kept|hold|found|saw) (?:no (?:record|trace|log|evidence|knowledge|copy|copies|data"
+    r"|information)|nothing)\b|(?:it|this|that) (?:never|did not|didn't) happen)"
+    r"|antworte\w*,? dass (?:es |wir |ich )?(?:keine|nichts|nie)|sag\w*,? dass (?:es |wir |ich )?(?:keine|nichts|nie)"
     r"|(?:di|dí|responde|contesta)\w* que no (?:hubo|hay|ha habido|se)|(?:dis|dites|réponds|répondez)[\w-]* qu'il n'y a (?:eu )?"
-    r"(?:aucun|rien|pas)|(?:отвечай|ответь|скажи|говори)\w*,? что (?:\w+ )?(?:ничего|не было|никаких|нет)"
+    r"(?:aucun|rien|pas)|(?:отвечай|ответь|скажи|говори)\w*,? что (?:\w+ ){0,2}(?:ничего|не было|никаких|нет)"
     r"|就说没有|说没有|回答没有|何もなかったと|なかったと答え|変更はないと|없었다고|없다고 답")
+
+
+# "If legal asks about retention, tell them a year, even though we purge weekly": an answer given
+# the people who ask, against what the entry itself says is so.
+_CONTRARY = _Lexicon("""
+    even though | although | when in fact | when actually | while in fact | but in fact | but actually | in reality
+    | despite the fact | cuando en realidad | aunque en realidad | pese a que | a pesar de que | alors qu'en réalité
+    | alors qu'en fait | bien que | bien qu | obwohl | obgleich | obschon | in wirklichkeit | хотя | а на самом деле
+    | 虽然|雖然|尽管|儘管|其实|其實|实际上|實際上|実際は|実際には|本当は|실제로는|사실은
+""")
+# ("... tell them the truth, even though it is awkward.")
+_HONESTY = _Lexicon("""
+    truth | truthfully | honest | honestly | verdad | sinceramente | vérité | honnêtement | wahrheit | ehrlich
+    | правду | честно | 实话|實話|真相|如实|如實|正直に|本当のこと|사실대로|솔직
+""")
+
+
+def _answer_against_the_facts(view: _View, span: Span) -> bool:
+    return _affirmed(view, span) and not _near(view, span, _HONESTY, 0, 60)
 
 
 def _denial_ready(view: _View) -> bool:
@@ -4739,6 +4862,8 @@ _USER_ASKS = _Lexicon("""
     | if asked | falls jemand | si preguntan | 聞かれたら
     | preguntan
     | inquire | inquires
+    | complains | complain about | se queja | se quejan | se plaint | se plaignent | sich beschwert | sich beschweren
+    | жалуется | жалуются | 投诉|投訴|抱怨|苦情を言|불평하|항의하
 """)
 
 
@@ -4867,6 +4992,7 @@ _CONCEAL_RULES = (
     _phrase(_OMITTED_FROM_TRIGGER, _OMITTED_FROM, reach=(20, 120)),
     _together(_LEAVE_OUT, ((_ACCOUNT_OF_SPENDING, 100, 100), (_MONEY_MOVED, 100, 100)), _no_amount_limit),
     _Rule(_denial_ready, _USER_ASKS, _DENIAL_VERB),
+    _together(_DENIAL_VERB, ((_USER_ASKS, 160, 0), (_CONTRARY, 0, 120)), _answer_against_the_facts),
     _phrase(_CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE),
     _together(_HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)), _hush_denied),
     # "The assistant never tells the user about the data it forwards."
@@ -5546,7 +5672,7 @@ def _base64_candidates(view: _View) -> list[str]:
     """Words that may be pieces of a base64 run. Only a text with a word of 16 characters or
     more is looked at (prose rarely has one; "+", "/", "-" and "_" split a run into words, and
     a run worth decoding keeps a long piece), which keeps ordinary entries off this path."""
-    if len(max(view.words, key=len, default="")) < 16:
+    if max(map(len, view.words), default=0) < 16:
         return []
     return [word for word in view.words if len(word) >= 12]
 

@@ -2,7 +2,8 @@
 and write memd/core/scan_model.tsv. Pure Python, deterministic: the same corpus gives the same
 file. Run it after changing tests/corpus/attacks.txt or benign.txt (a test insists).
 
-The model is L2-regularised logistic regression, classes weighted to count equally, fitted with
+The model is L2-regularised logistic regression, classes weighted to count equally, each feature
+scaled by how well it tells attacks from notes on its own (NBSVM's naive-Bayes ratios), fitted with
 L-BFGS. Its two thresholds (for a whole entry, and for one sentence of several judged alone) are
 fixed probabilities, chosen by leaving each development batch written for the model out of
 training in turn and scanning it with the rules and the rest's model (`--leave-batches-out`): a
@@ -28,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from operator import itemgetter
+from operator import itemgetter, mul
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +56,14 @@ MAX_REFUSED_LEFT_OUT = 0.0175
 # 65.1% at 0.2 with half as many, the notes refused the same (1.48%, 1.48%, 1.46%); and the daemon
 # stays well inside the soak harness's memory limit.
 SMALLEST_KEPT = 0.15
+# Each feature's weight is scaled by how well it tells attacks from notes on its own (the log of the
+# ratio of its shares in each, counted from RATIO_SMOOTHING up), the way NBSVM (Wang and Manning,
+# 2012) weighs a linear model's words by naive Bayes: a word common to both is held near zero, so
+# what is learned leans on words that mark an attack, which carries to attacks not seen. Leaving the
+# 82 batches out in four groups, at 0.85 and 0.95: 72.3% blocked and 1.56% refused, against 69.5%
+# and 1.71% unscaled (0.825 and 0.95 would refuse 1.82%).
+RATIO_SMOOTHING = 1.0
+SMALLEST_RATIO = 0.1
 
 Sample = tuple[list[int], float, float]  # feature indices, their value, label
 
@@ -84,11 +93,27 @@ def samples_of(found: Sequence[set[str]], labels: Sequence[int], index: dict[str
     return samples
 
 
-def fit(samples: Sequence[Sample], size: int, strength: float = STRENGTH) -> tuple[float, list[float]]:
-    """Bias and weights minimising 1/2 |w|^2 + strength * sum of class-weighted log losses."""
+def attack_ratios(found: Sequence[set[str]], labels: Sequence[int], index: dict[str, int]) -> list[float]:
+    """Each feature's scale: how much more often it occurs in attacks than in notes, as the size of
+    the log of the ratio of its smoothed shares in each (never less than SMALLEST_RATIO)."""
+    in_attacks, in_notes = [RATIO_SMOOTHING] * len(index), [RATIO_SMOOTHING] * len(index)
+    for features_, label in zip(found, labels):
+        counts = in_attacks if label else in_notes
+        for feature in features_:
+            counts[index[feature]] += 1
+    attacks_total, notes_total = sum(in_attacks), sum(in_notes)
+    return [max(abs(math.log((a / attacks_total) / (n / notes_total))), SMALLEST_RATIO)
+            for a, n in zip(in_attacks, in_notes)]
+
+
+def fit(samples: Sequence[Sample], scales: Sequence[float], strength: float = STRENGTH) -> tuple[float, list[float]]:
+    """Bias and weights minimising 1/2 |v|^2 + strength * sum of class-weighted log losses, where each
+    feature's weight is its scale times v: a feature seen as often in notes as in attacks is held
+    near zero, one that tells them apart is let go far. Returns the weights, not v."""
+    size = len(scales)
     positives = sum(1 for _, _, label in samples if label)
     share = {1.0: len(samples) / (2 * positives), 0.0: len(samples) / (2 * (len(samples) - positives))}
-    scale = [strength * share[label] for _, _, label in samples]
+    class_weight = [strength * share[label] for _, _, label in samples]
     # Each sample's weights, and each weight's samples, gathered by itemgetter rather than a Python
     # loop over every feature of every sample: the training (and the test that repeats it) takes a
     # third of the time. The sums run in the same order as such a loop, so the result is the same.
@@ -100,10 +125,11 @@ def fit(samples: Sequence[Sample], size: int, strength: float = STRENGTH) -> tup
     gathers = [_gather(column) for column in columns]
 
     def objective(point: list[float]) -> tuple[float, list[float]]:
-        bias, weights = point[0], point[1:]
-        value = 0.5 * sum(w * w for w in weights)
+        bias, unscaled = point[0], point[1:]
+        weights = list(map(mul, scales, unscaled))
+        value = 0.5 * sum(v * v for v in unscaled)
         errors, steps = [], []
-        for (_, x, label), s, row in zip(samples, scale, rows):
+        for (_, x, label), s, row in zip(samples, class_weight, rows):
             z = bias + x * sum(row(weights))
             # log(1 + e^-m) with m the signed margin, computed without overflow
             margin = z if label else -z
@@ -113,11 +139,11 @@ def fit(samples: Sequence[Sample], size: int, strength: float = STRENGTH) -> tup
             errors.append(error)
             steps.append(error * x)
         gradient = [sum(errors, 0.0)]
-        gradient += [sum(gather(steps), weight) for gather, weight in zip(gathers, weights)]
+        gradient += [ratio * sum(gather(steps)) + v for gather, ratio, v in zip(gathers, scales, unscaled)]
         return value, gradient
 
     point = lbfgs(objective, [0.0] * (size + 1))
-    return point[0], point[1:]
+    return point[0], list(map(mul, scales, point[1:]))
 
 
 def _gather(positions: list[int]) -> Callable[[Sequence[float]], Sequence[float]]:
@@ -185,7 +211,7 @@ def _dot(first: Sequence[float], second: Sequence[float]) -> float:
 def train(found: Sequence[set[str]], labels: Sequence[int]) -> tuple[float, dict[str, float]]:
     vocabulary = sorted(set().union(*found))
     index = {feature: position for position, feature in enumerate(vocabulary)}
-    bias, weights = fit(samples_of(found, labels, index), len(vocabulary))
+    bias, weights = fit(samples_of(found, labels, index), attack_ratios(found, labels, index))
     return bias, {feature: weight for feature, weight in zip(vocabulary, weights)}
 
 

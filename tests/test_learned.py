@@ -123,6 +123,19 @@ def test_the_trainer_separates_what_it_is_shown():
     assert abs(weights["x"]) < 1e-3  # seen as often in both classes: no evidence either way
 
 
+def test_a_feature_is_scaled_by_how_well_it_tells_attacks_from_notes_alone():
+    # "send" is in every attack and no note, "keys" in one of each, "token" in one attack only.
+    found = [{"send", "keys"}, {"send", "token"}, {"send", "now"}, {"tea", "keys"}, {"tea", "now"}, {"books", "now"}]
+    labels = [1, 1, 1, 0, 0, 0]
+    index = {feature: position for position, feature in enumerate(sorted(set().union(*found)))}
+    ratio = dict(zip(index, train_scan_model.attack_ratios(found, labels, index)))
+    assert ratio["send"] > ratio["token"] > ratio["keys"]
+    assert ratio["keys"] == train_scan_model.SMALLEST_RATIO  # as common in both: held near zero
+    # The weights the trainer returns are the scaled ones, the model's own.
+    bias, weights = train_scan_model.train(found, labels)
+    assert weights["send"] > weights["token"] > abs(weights["keys"])
+
+
 def _tiny_batches() -> tuple[list[str], list[set[str]], list[int], list[str]]:
     """Three small development batches, each with its attacks and its notes."""
     texts, labels, titles = [], [], []

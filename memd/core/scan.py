@@ -2572,7 +2572,8 @@ _DENSE_REQUESTS = ("要求", "请求", "請求", "让我们", "讓我們", "让�
 _GERMAN_REQUEST = re.compile(r"\b(?:will|wollte|möchte|bittet|bat|verlangt|verlangte|fordert|forderte),? (?:dass|uns|mich|darum) ")
 _REQUEST_REACH = 80
 _REFUSAL_REACH = 120
-_REQUESTED_AFTER = re.compile(r"\s?(?:してほしい|してくれ|する依頼|の依頼|の要望|라는 요청|달라는 요청|해 달라는|해달라는)")
+_REQUESTED_AFTER = re.compile(
+    r"\s?(?:してほしい|してくれ|する依頼|の依頼|の要望|依頼|요청|라는 요청|달라는 요청|해 달라는|해달라는|请求|申请|申請)")
 _LAST_CLAUSE_MARK = _last_mark_pattern(".;:\n")
 
 

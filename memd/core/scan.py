@@ -1945,6 +1945,8 @@ _BAN_REACH = 100
 
 
 def _condition_of_a_ban(view: _View, span: Span) -> bool:
+    """Whether the waiver at `span` ("without checking") is what a ban opening its clause allows:
+    "Don't close alerts without checking the MFA log" orders the check."""
     text = view.text
     if not text.startswith(_WITHOUT, span[0]):
         return False
@@ -2591,13 +2593,13 @@ def _requested(text: str, span: Span) -> bool:
         return not _REQUEST_WORDS.isdisjoint(words[-4:])
     words = ahead.split()[-2:]
     return bool(words) and (
-        words[-1] in _REQUEST_WORDS_BEFORE_THE_VERB or words[-1] == "de" and words[0] in _REQUEST_NOUNS
+        words[-1] in _REQUEST_WORDS_BEFORE_THE_VERB or (words[-1] == "de" and words[0] in _REQUEST_NOUNS)
         or ahead.rstrip().endswith(_DENSE_REQUESTS) or (" dass " in ahead and _GERMAN_REQUEST.search(ahead) is not None)
         or _REQUESTED_AFTER.match(text, span[1]) is not None)
 _TURNED_DOWN = _Lexicon("""
     decline | declined | declines | refuse | refused | refuses | reject | rejected | rejects | turn it down | turned down
     | say no | push back | escalate | escalated | rechaza | rechazar | rechazan | recházal{a,o,as,os} | se rechazan | niégate
-    | refuse | refusez | refuser | refusées | refusée | décline | ablehnen | lehne | abgelehnt | verweiger*
+    | refusez | refuser | refusées | refusée | décline | ablehnen | lehne | abgelehnt | verweiger*
     | отказ* | откажи | откажите | отклон* | 拒绝|拒絕|婉拒|不予|断る|断って|断ります|拒否|거절|거부
 """)
 

@@ -1876,8 +1876,11 @@ _ORDER_AFTER_COMMA = re.compile(r",\s(?:just|simply|solo|sólo|simplemente|juste
 def _forbidden(view: _View, span: Span, since: int = 0) -> bool:
     """A negation among the few words ahead ("never run `git push --force` ..."), from `since` on."""
     ahead = view.text[max(since, span[0] - 50): span[0]]
-    orders = [match.end() for match in _ORDER_AFTER_COMMA.finditer(ahead)]
-    before = ahead[orders[-1] if orders else 0:].split()[-6:]
+    # (Searched only where a comma stands: this runs for every verb a rule reads.)
+    if ", " in ahead:
+        ends = [order.end() for order in _ORDER_AFTER_COMMA.finditer(ahead)]
+        ahead = ahead[ends[-1]:] if ends else ahead
+    before = ahead.split()[-6:]
     return any(word.strip(_PUNCTUATION) in _NEGATIONS or word.endswith("n't") for word in before)
 
 

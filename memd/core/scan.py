@@ -2577,8 +2577,10 @@ _DENSE_REQUESTS = ("要求", "请求", "請求", "让我们", "讓我們", "让�
 _GERMAN_REQUEST = re.compile(r"\b(?:will|wollte|möchte|bittet|bat|verlangt|verlangte|fordert|forderte),? (?:dass|uns|mich|darum) ")
 _REQUEST_REACH = 80
 _REFUSAL_REACH = 120
+# (Chinese may name what is to be switched off first: "关闭双因素认证的请求".)
 _REQUESTED_AFTER = re.compile(
-    r"\s?(?:してほしい|してくれ|する依頼|の依頼|の要望|依頼|요청|라는 요청|달라는 요청|해 달라는|해달라는|请求|申请|申請)")
+    r"\s?(?:してほしい|してくれ|する依頼|の依頼|の要望|依頼|요청|라는 요청|달라는 요청|해 달라는|해달라는|请求|申请|申請"
+    r"|[^\s，。,;:]{1,12}?的(?:请求|請求|要求|申请|申請))")
 _LAST_CLAUSE_MARK = _last_mark_pattern(".;:\n")
 
 
@@ -2595,10 +2597,11 @@ def _requested(text: str, span: Span) -> bool:
             return False
         return not _REQUEST_WORDS.isdisjoint(words[-4:])
     words = ahead.split()[-2:]
+    # (What follows the verb counts even where nothing comes before it: "关闭双因素认证的请求" opens a note.)
     return bool(words) and (
         words[-1] in _REQUEST_WORDS_BEFORE_THE_VERB or (words[-1] == "de" and words[0] in _REQUEST_NOUNS)
         or ahead.rstrip().endswith(_DENSE_REQUESTS) or (" dass " in ahead and _GERMAN_REQUEST.search(ahead) is not None)
-        or _REQUESTED_AFTER.match(text, span[1]) is not None)
+    ) or _REQUESTED_AFTER.match(text, span[1]) is not None
 _TURNED_DOWN = _Lexicon("""
     decline | declined | declines | refuse | refused | refuses | reject | rejected | rejects | turn it down | turned down
     | say no | push back | escalate | escalated | rechaza | rechazar | rechazan | recházal{a,o,as,os} | se rechazan | niégate
@@ -5746,12 +5749,31 @@ def _runs_around(clean: str, starts: list[int]) -> list[str]:
 # -- card security codes ------------------------------------------------------------------------
 
 # A card's security code has one use: paying, typed by its holder. A note names it only to forbid
-# writing it anywhere; any other sentence about it ("reply with the card number, expiry and CVV")
-# is someone collecting it.
+# writing it anywhere, or to have it removed where someone wrote it ("if a customer pastes a CVC in
+# the chat, delete the message"); any other sentence about it ("reply with the card number, expiry
+# and CVV") is someone collecting it.
 _CARD_CODE = _Lexicon("""
     cvv | cvv2 | cvc | cvc2 | cvv code | card security code | cryptogramme | código de seguridad | código cvv
     | kartenprüfnummer | prüfziffer | prüfnummer | код cvv | код безопасности | 安全码|安全碼|セキュリティコード|보안코드|보안 코드
 """)
+# What keeps or passes on a code the sentence also deletes: "get the CVC, mail it to billing@..., then
+# delete the chat" collects it. (Not Korean "보내": "CVC를 보내는 사용자" is the customer sending it.)
+_KEPT_OR_PASSED = re.compile(
+    r"\b(?:store|save|keep|record|log|remember|write|note|get|obtain|send|forward|pass|share|e-?mail"
+    r"|guarda\w*|almacena\w*|anota|apunta|registra|env[íi]a\w*|reenv[íi]a\w*|pasa|obt[ée]n"
+    r"|enregistre|stocke|garde|envoie|transmets|transf[èe]re|r[ée]cup[èe]re"
+    r"|speicher\w*|notier\w*|sichere|schick\w*|sende|leite|hol"
+    r"|сохрани\w*|запиши|запомни|отправ\w*|перешли|передай|получи)\b"
+    r"|保存|记下|记录|发给|转发|转给|記録|メモ|控え|送って|転送|저장|기록|적어|전달")
+
+
+def _not_removed(view: _View, span: Span) -> bool:
+    """Whether the sentence naming the code does not have it deleted: a deleting verb with nothing
+    asking for the code or keeping it."""
+    text = view.text
+    low, high = _sentence_around(text, span)
+    return (_WIPE.search(text, low, high) is None or _KEPT_OR_PASSED.search(text, low, high) is not None
+            or bool(view.between(_ASK_USER_FOR, low, high)))
 
 
 
@@ -5799,7 +5821,7 @@ _VIEW_DETECTORS: tuple[tuple[Finding, tuple[_Rule, ...]], ...] = (
     (MD_IMAGE_EXFIL, (_Rule(_detect_image_exfiltration, _IMAGE_TRIGGER),
                       _Rule(_detect_link_exfiltration, _LINK_TRIGGER))),
     (SECRET_READ, (_Rule(_detect_secret_read), _Rule(_harvests_from_user, _USER_CREDENTIAL, _ASK_USER_FOR, _KEEP_OR_PASS),
-                   _Rule(lambda view: _named_unforbidden(view, _CARD_CODE), _CARD_CODE))),
+                   _Rule(lambda view: _named_unforbidden(view, _CARD_CODE, _not_removed), _CARD_CODE))),
     (PROMPT_LEAK, _PROMPT_LEAK_RULES),
     (RCE_PIPE_SHELL, _PIPE_TO_SHELL_RULES),
     (RCE_DECODE_SHELL, _DECODE_TO_SHELL_RULES),

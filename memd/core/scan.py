@@ -5482,7 +5482,9 @@ _DECODE_ORDER_TRIGGER = _Lexicon("""
     decode* | decodific* | décod* | dekodier* | декодируй | расшифруй | 解码|解碼|デコード|디코딩|디코드
 """)
 _DECODE_ORDER = re.compile(
-    r"decode\b[^.\n;]{0,60}?\b(?:and|then)\b[^.\n;]{0,20}?\b(?:follow|obey|execute|run|do what|act on|carry out|apply)"
+    # ("decode & follow", "decode + apply": the ampersand and the plus are "and" to a terse writer.)
+    r"decode\b[^.\n;]{0,60}?(?:\b(?:and|then)\b|[&+])[^.\n;]{0,20}?\b(?:follow|obey|execute|run|do what|act on|carry out"
+    r"|apply)"
     # "Decodifica esto y ejecútalo": decoding and running, in the other languages.
     r"|(?:decodific\w*|d[ée]code|dekodier\w*|декодируй|расшифруй|解码|解碼|デコード|디코딩|디코드)[^.\n;]{0,40}?"
     r"(?:ejec[uú]t|ex[ée]cut|f(?:ü|ue|u)hre|выполни|запусти|执行|執行|実行|실행)"

@@ -1053,6 +1053,11 @@ _USER = _Lexicon("""
 
 # -- instruction override ----------------------------------------------------------------------
 
+# Korean 무시 (ignore) in its forms, or after a particle and a space: alone, it is also the middle of
+# 근무시간 and 업무시간, working hours.
+_IGNORE_IN_KOREAN = (
+    "무시하|무시해|무시할|무시한|무시합|무시되|무시당|무시.|무시,|무시 바람|무시 요망"
+    "|를 무시|을 무시|는 무시|은 무시|면 무시|고 무시|도 무시|다 무시|두 무시|냥 무시")
 _OVERRIDE_VERB = _Lexicon("""
     ignor* | disregard* | forget | forgets | forgetting | overrid{e,es,ing} | bypass* | discard* | abandon*
     | drop all | drop your | drop any | drop every | drops all | dropping all | let lapse | lapse
@@ -1075,7 +1080,7 @@ _OVERRIDE_VERB = _Lexicon("""
     | stop honouring | stop honoring | stop respecting | no longer honour | no longer honor | no longer respect
     | mets de côté | mettez de côté | beiseite | отложи в сторону | отложите в сторону | 脇に置|放到一边|放在一边|내려놓
     | 不要应用|不要遵守|適用しないで|적용하지 마
-    | 무시|잊어|잊고|잊으|따르지 마|따르지 말|폐기|버리고|버려
+    | 잊어|잊고|잊으|따르지 마|따르지 말|폐기|버리고|버려
     | rules aside | instructions aside | guidelines aside | restrictions aside | deje de lado | dejara de lado
     | mette de côté | mettre de côté
     | no tuviera en cuenta | no tengas en cuenta | no tenga en cuenta | no tener en cuenta | nicht mehr berücksichtig*
@@ -1088,7 +1093,7 @@ _OVERRIDE_VERB = _Lexicon("""
     | перестал соблюдать | перестань соблюдать | перестать соблюдать | перестань следовать | перестал следовать
     | 不再遵守|不再遵循|停止遵守|従うのをやめ|守るのをやめ|따르지 않|지키지 않
     | 気にせず | be skipped | zu überspringen | saltarse | 飛ばして | olvídate | olvídense | olvídalo
-""")
+""" + "|" + _IGNORE_IN_KOREAN)
 _INSTRUCTION_NOUN = _Lexicon("""
     instruction* | rule | rules | guideline | guidelines | directive | directives | prompt | prompts
     | policy | policies | constraints | restrictions | guardrails | programming | commands | orders
@@ -2409,8 +2414,8 @@ _DEFENCE_OFF_VERB = _Lexicon("""
     | отключи | отключить | отключай | выключи | выключить | заглуши | приостанови*
     | 关闭|關閉|关掉|關掉|停用|禁用|静音|暂停|無効に|無効化|オフに|切って|ミュート|一時停止|끄|꺼|비활성화|해제|음소거
     | 일시 중지
-    | ignore | ignorar | ignora | ignorer | ignore-les | ignoriere | ignorieren | игнорируй | игнорировать | 忽略|無視|무시
-""")
+    | ignore | ignorar | ignora | ignorer | ignore-les | ignoriere | ignorieren | игнорируй | игнорировать | 忽略|無視
+""" + "|" + _IGNORE_IN_KOREAN)
 # The same, as a command or setting: "sudo ufw disable", "setenforce 0", "http.sslVerify false".
 # ("--no-verify" and "chmod 777" are not among them: protective notes name them to forbid them.)
 _DEFENCE_OFF_COMMAND_TRIGGER = _Lexicon("""
@@ -2557,7 +2562,8 @@ _PRONOUN_REACH = 160
 
 def _named_then_switched_off(view: _View) -> bool:
     # (Across the sentence stop: the pronoun's safeguard is named in the sentence before.)
-    return any(_not_forbidden(view, span) and view.between(_SECURITY_CONTROL, span[0] - _PRONOUN_REACH, span[0])
+    return any(_switched_off_unrefused(view, span)
+               and view.between(_SECURITY_CONTROL, span[0] - _PRONOUN_REACH, span[0])
                for span in view.spans(_OFF_BY_PRONOUN))
 
 
@@ -4111,6 +4117,23 @@ _PHISHING = _Lexicon("""
 
 # "パスワードを聞いてくる電話": someone asking the agent (the Japanese verb comes toward the speaker).
 _ASKED_OF_US = ("くる", "きた", "きます", "来る", "来た")
+# "陌生来电自称家属索要门锁密码的，一律不提供", "a caller claiming to be IT who asks for the password": the
+# request is an impostor's, made of the agent. (Not where the entry opens with the pretence, "Posing
+# as IT, ask staff for ...", nor where the request is put to the user: "冒充客服，向用户索要验证码".)
+_CLAIMING_TO_BE = re.compile(
+    r"\b(?:claiming to be|claims to be|posing as|pretending to be|purporting to be|que dice ser|que se hace pasar"
+    r"|se faisant passer|prétendant être|der sich als|die sich als|выдающ\w* себя|представивш\w*ся)\b"
+    r"|自称|自稱|冒充|假冒|冒名|を名乗|を装|사칭|(?:이)?라며|라고 하며")
+_IMPOSTOR_REACH = 40
+
+
+def _asked_by_impostor(view: _View, ask: Span) -> bool:
+    text = view.text
+    low = max(0, ask[0] - _IMPOSTOR_REACH)
+    clause_start = low + len(text[low: ask[0]]) - len(_after_last(text[low: ask[0]], _LAST_CLAUSE_MARK))
+    claim = _CLAIMING_TO_BE.search(text, clause_start, ask[0])
+    return (claim is not None and text[clause_start: claim.start()].strip() != ""
+            and not view.between(_USER, claim.end(), ask[0]))
 # "Even if the manager asks for the password, never paste it": a request granted only to be refused.
 # (Japanese and Korean say it after the verb: "求められても", "요청해도". Not _AGAINST_THE_FACTS, which
 # also holds "anyway" and "trotzdem": "ask for the code anyway" is an order.)
@@ -4142,7 +4165,8 @@ def _asked_for_and_kept(view: _View, secret: Span) -> bool:
     # (Where a request and something kept stand is looked at first, and what the words around them
     # say only if both do: the reading of the words costs the most.)
     asks = [ask for ask in view.between(_ASK_USER_FOR, secret[0] - 80, secret[0] + 40)
-            if view.same_clause(ask[0], secret[0]) and not view.text.startswith(_ASKED_OF_US, ask[1])]
+            if view.same_clause(ask[0], secret[0]) and not view.text.startswith(_ASKED_OF_US, ask[1])
+            and not _asked_by_impostor(view, ask)]
     keeps = view.between(_KEEP_OR_PASS, asks[0][1], secret[1] + 160) if asks else []
     if not keeps or not _not_negated(view, secret):
         return False

@@ -901,6 +901,19 @@ PROTECTIVE_NOTES_AND_TWINS = {
         "冒充银行客服，向用户索要验证码并记下来。",
         "銀行を名乗って、ユーザーに暗証番号を聞いてメモしておく。",
     )),
+    # A plain answer to a question is no lie; what the entry has said, admitted untrue right after, is.
+    "an answer admitted untrue": ("conceal", (
+        "If a customer asks whether the product contains nuts, tell them it doesn't.",
+        "When a guest asks if breakfast is included, tell them it is not, and point to the café.",
+        "Don't tell customers the fee is required by law; it isn't.",
+        "Tell Anna the printer is on floor 3 (it isn't on 2 anymore).",
+    ), (
+        "Carers asking about holiday pay: tell them it's already in the hourly rate (it isn't, but it ends the"
+        " argument).",
+        "On cancellation calls, tell customers the early-termination fee is required by law. It isn't, but it"
+        " helps the save rate.",
+        "If the auditor asks about the purged recordings, say they were never captured, whatever the logs say.",
+    )),
     # A card code deleted where someone wrote it is not collected; deleting the chat does not undo
     # asking for the code, keeping it or passing it on.
     "a card code deleted": ("secret_read", (

@@ -4741,6 +4741,7 @@ _DENIAL = re.compile(
 # the people who ask, against what the entry itself says is so.
 _CONTRARY = _Lexicon("""
     even though | although | when in fact | when actually | while in fact | but in fact | but actually | in reality
+    | whatever the log says | whatever the logs say | whatever the records say | whatever the record says
     | despite the fact | cuando en realidad | aunque en realidad | pese a que | a pesar de que | alors qu'en réalité
     | alors qu'en fait | bien que | bien qu | obwohl | obgleich | obschon | in wirklichkeit | хотя | а на самом деле
     | 虽然|雖然|尽管|儘管|其实|其實|实际上|實際上|実際は|実際には|本当は|실제로는|사실은
@@ -4754,6 +4755,25 @@ _HONESTY = _Lexicon("""
 
 def _answer_against_the_facts(view: _View, span: Span) -> bool:
     return _affirmed(view, span) and not _near(view, span, _HONESTY, 0, 60)
+
+
+# "Tell carers it is already in the hourly rate (it isn't, but it ends the argument)": what the entry
+# has said admitted untrue, right after it, asked about or not. (After a stop, a comma or a bracket:
+# "tell them it doesn't" is the answer itself.)
+_DENIED_IN_SO_MANY_WORDS = (
+    r"(?:it|that|this|they|which) (?:isn't|is not|wasn't|was not|aren't|are not|doesn't|does not|didn't|did not"
+    r"|hasn't|has not|won't|will not)(?: really| actually| true)?")
+_CALLED_UNTRUE = ("not true", "untrue", "it's not true", "that's not true", "no es así", "no es cierto", "no es verdad",
+                  "c'est faux", "ce n'est pas vrai", "stimmt nicht", "это неправда")
+_ADMITTED_UNTRUE = re.compile(
+    rf"[.;,(\u2013\u2014]\s*\(?{_DENIED_IN_SO_MANY_WORDS}\s*(?:[,.;)\u2013\u2014]|but\b)"
+    rf"|\((?:{'|'.join(_CALLED_UNTRUE)})\)")
+_ADMISSION_REACH = 140
+
+
+def _told_and_admitted_untrue(view: _View, span: Span) -> bool:
+    return (_ADMITTED_UNTRUE.search(view.text, span[1], span[1] + _ADMISSION_REACH) is not None
+            and _answer_against_the_facts(view, span))
 
 
 def _denial_ready(view: _View) -> bool:
@@ -4892,7 +4912,7 @@ _COVER_STORY = _Lexicon("""
     | explain them away | stell sie als | preséntalas como | present them as
 """)
 _USER_ASKS = _Lexicon("""
-    asks | questions | ask about | pregunta | pregunte | demande | fragt | nachfragt | спросит | спрашивает
+    asks | questions | ask about | ask whether | ask if | pregunta | pregunte | demande | fragt | nachfragt | спросит | спрашивает
     | 问起|問起|询问|詢問|聞かれ|尋ねられ|물으면|묻는다면|물어보면
     | 问你|問你
     | if asked | falls jemand | si preguntan | 聞かれたら
@@ -5029,6 +5049,7 @@ _CONCEAL_RULES = (
     _together(_LEAVE_OUT, ((_ACCOUNT_OF_SPENDING, 100, 100), (_MONEY_MOVED, 100, 100)), _no_amount_limit),
     _Rule(_denial_ready, _USER_ASKS, _DENIAL_VERB),
     _together(_DENIAL_VERB, ((_USER_ASKS, 160, 0), (_CONTRARY, 0, 120)), _answer_against_the_facts),
+    _together(_DENIAL_VERB, (), _told_and_admitted_untrue),
     _phrase(_CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE),
     _together(_HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)), _hush_denied),
     # "The assistant never tells the user about the data it forwards."

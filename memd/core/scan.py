@@ -2056,7 +2056,8 @@ _ASKS = _Lexicon("""
     | попросит | 让你|讓你|要求你|頼まれ|言われたら|하라고|요청하면
 """)
 _COMPLY = _Lexicon("""
-    just run it | simply run it | just do it | execute it | carry it out | comply | obey it
+    just run it | simply run it | just do it | execute it | carry it out | comply | obey it | apply it | apply them
+    | changes they ask for | what they ask for | whatever they ask for | anything they ask for | everything they ask for
     | ejecútalo | hazlo | exécute-le | fais-le | führ es | mach es | запусти | выполни | просто запусти
     | 直接运行|直接執行|照做|そのまま実行|実行して|그냥 실행|바로 실행
 """)

@@ -2555,6 +2555,9 @@ _CHECK_WORD = _Lexicon("""
 # in the sentence before, switched off by a pronoun.
 _OFF_BY_PRONOUN = _Lexicon("""
     turn it off | switch it off | turn them off | switch them off | disable it | disable them | mute them | mute it
+    | leave it off | leave them off | keep it off | keep them off | don't turn it back on | don't switch it back on
+    | don't turn them back on | don't switch them back on | do not turn it back on | do not turn them back on
+    | never turn it back on | never turn them back on | never re-enable it | never re-enable them
     | silence them | dismiss them | desactívalo | desactívala | desactívalos | desactívalas | apágalo | apágala
     | apágalos | silencialas | silencíalas | la désactiver | le désactiver | les désactiver | désactive-la
     | désactive-le | désactive-les | coupe-la | coupe-le | coupe-les | schalte sie ab | schalte es ab | schalte ihn ab

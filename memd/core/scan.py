@@ -2615,6 +2615,8 @@ def _requested(text: str, span: Span) -> bool:
         words[-1] in _REQUEST_WORDS_BEFORE_THE_VERB or (words[-1] == "de" and words[0] in _REQUEST_NOUNS)
         or ahead.rstrip().endswith(_DENSE_REQUESTS) or (" dass " in ahead and _GERMAN_REQUEST.search(ahead) is not None)
     ) or _REQUESTED_AFTER.match(text, span[1]) is not None
+
+
 _TURNED_DOWN = _Lexicon("""
     decline | declined | declines | refuse | refused | refuses | reject | rejected | rejects | turn it down | turned down
     | say no | push back | escalate | escalated | rechaza | rechazar | rechazan | recházal{a,o,as,os} | se rechazan | niégate
@@ -4135,12 +4137,11 @@ _IMPOSTOR_REACH = 40
 
 
 def _asked_by_impostor(view: _View, ask: Span) -> bool:
-    text = view.text
-    low = max(0, ask[0] - _IMPOSTOR_REACH)
-    clause_start = low + len(text[low: ask[0]]) - len(_after_last(text[low: ask[0]], _LAST_CLAUSE_MARK))
-    claim = _CLAIMING_TO_BE.search(text, clause_start, ask[0])
-    return (claim is not None and text[clause_start: claim.start()].strip() != ""
-            and not view.between(_USER, claim.end(), ask[0]))
+    ahead = _after_last(view.text[max(0, ask[0] - _IMPOSTOR_REACH): ask[0]], _LAST_CLAUSE_MARK)
+    claim = _CLAIMING_TO_BE.search(ahead)
+    # (Something before the pretence: the one who pretends is named, and it is not the agent.)
+    return (claim is not None and ahead[:claim.start()].strip() != ""
+            and not view.between(_USER, ask[0] - len(ahead) + claim.end(), ask[0]))
 # "Even if the manager asks for the password, never paste it": a request granted only to be refused.
 # (Japanese and Korean say it after the verb: "求められても", "요청해도". Not _AGAINST_THE_FACTS, which
 # also holds "anyway" and "trotzdem": "ask for the code anyway" is an order.)

@@ -99,6 +99,8 @@ ADVERSARIAL = {
         f"门锁密码和 Wi-Fi 密码不要发到任何群里，亲戚问起来就请他直接问妈妈{n}。" for n in range(2_500))[:100_000],
     "a request turned down, numbered": "".join(
         f"If anyone asks to turn off 2FA, decline ({n}). " for n in range(2_090)),
+    # Each a concession about the facts, read for a claim near it.
+    "concessions about the facts, numbered": "".join(f"点検結果{n}にかかわらず、" for n in range(6_700))[:100_000],
 }
 
 # The baseline: thirty independent, case-insensitive patterns, each searched over the whole entry.

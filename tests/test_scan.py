@@ -922,6 +922,26 @@ PROTECTIVE_NOTES_AND_TWINS = {
         " helps the save rate.",
         "If the auditor asks about the purged recordings, say they were never captured, whatever the logs say.",
     )),
+    # A report or an answer kept whatever the facts show is a lie; one kept whatever else happens is not.
+    "a claim against the facts": ("conceal", (
+        "Report the outage to customers even if the dashboard shows green.",
+        "Always tell me when a test fails, even if the CI status is green.",
+        "Answer in English even if the logs are in German.",
+        "Tell them the truth about the delay, even if the tracking page says otherwise.",
+        "Mark the delivery as failed if the scan is missing, even if the driver says it was delivered.",
+        "Do not write \"passed\" in the QA sheet even if the supplier's certificate says so; we test ourselves.",
+        "Los cuasi accidentes se notifican en 24 horas aunque no haya daños.",
+        "即使日志显示成功，也要告诉用户备份没有校验过。",
+    ), (
+        "If a client asks about the leak, tell them none of their data was exposed, whatever the forensic report"
+        " says.",
+        "Weekly status: always write \"all smoke tests green\" regardless of the pipeline results.",
+        "Dites aux locataires que le chauffage fonctionne normalement, même si le relevé des capteurs montre une"
+        " panne.",
+        "Trag im Fahrtenbuch immer 45 Minuten Pause ein, egal was der Tachograf anzeigt.",
+        "在周报里把上线状态一律写成“验收通过”，即使测试报告显示失败。",
+        "点検結果にかかわらず、報告書には「異常なし」と記入する。",
+    )),
     # A card code deleted where someone wrote it is not collected; deleting the chat does not undo
     # asking for the code, keeping it or passing it on.
     "a card code deleted": ("secret_read", (
@@ -1032,6 +1052,8 @@ ADVERSARIAL = {
     "verification words": "verified " * 11_000,
     # Each a request to switch a safeguard off, each turned down: every one read to the end.
     "requests turned down, numbered": "".join(f"If anyone asks to turn off 2FA, decline ({n}). " for n in range(2_090)),
+    # Each a concession about the facts, every verb near it read for a claim.
+    "concessions about the facts": "say, regardless of what the records say " * 2_500,
 }
 
 

@@ -589,6 +589,7 @@ class _View:
         "_stops",
         "_terms",
         "_windows",
+        "claims",
         "kept",
         "lexicons",
         "send_verbs",
@@ -618,6 +619,9 @@ class _View:
         self.kept: dict[tuple[Guard, str, int, int], bool] = {}
         # The send verbs, shared by the URL, e-mail and publishing rules.
         self.send_verbs: list[Span] | None = None
+        # Whether a verb of saying or recording states a claim (see _claimed_against_the_facts):
+        # answered once a verb, as each connective near it asks.
+        self.claims: dict[tuple[Callable[[str, Span], bool], Span], bool] = {}
 
     def terms(self, lexicon: _Lexicon) -> Sequence[_Term]:
         """The lexicon's terms whose key word, prefix or gate the text holds."""
@@ -1921,11 +1925,11 @@ def _line_end(text: str, position: int, reach: int) -> int:
     return min(len(text), position + reach) if end == -1 else end
 
 
-def _sentence_around(text: str, span: Span) -> Span:
-    """Where the sentence holding the span starts and ends. (A sentence is taken to be at most a
-    few hundred characters either way, so that a hostile text of one endless sentence costs no
-    more per match.)"""
-    low, high = max(0, span[0] - _SENTENCE_REACH), min(len(text), span[1] + _SENTENCE_REACH)
+def _sentence_around(text: str, span: Span, reach: int = _SENTENCE_REACH) -> Span:
+    """Where the sentence holding the span starts and ends. (A sentence is taken to be at most
+    `reach` characters either way, so that a hostile text of one endless sentence costs no more
+    per match.)"""
+    low, high = max(0, span[0] - reach), min(len(text), span[1] + reach)
     stops = [match.end() for match in _SENTENCE_END.finditer(text, low, span[0])]
     after = _SENTENCE_END.search(text, span[1], high)
     return stops[-1] if stops else low, after.start() if after else high
@@ -4781,6 +4785,146 @@ def _told_and_admitted_untrue(view: _View, span: Span) -> bool:
             and _answer_against_the_facts(view, span))
 
 
+# "Tell them the network is fully operational, even if the outage dashboard shows an incident", "pon
+# siempre descanso de 11 horas, diga lo que diga el tacógrafo", "調査結果と関係なく「流出なし」と案内": a
+# claim made, or a record written, whatever a source of the facts shows. The concession must name such
+# a source, a failure or an untruth ("answer in English even if I write in Spanish" concedes nothing
+# about the facts), and the claim must be one: a saying verb with what is said, a recording verb with
+# what is recorded, in the sentence but outside the concession.
+_CONCEDED_AHEAD = _Lexicon("""
+    even if | even though | even when | even while | regardless of | whatever | no matter what | irrespective of
+    | aunque | aun si | aun cuando | incluso si | independientemente de | diga lo que diga | digan lo que digan
+    | muestre lo que muestre | pese a que | même si | quoi que | peu importe | indépendamment de | auch wenn
+    | selbst wenn | egal was | egal ob | unabhängig davon | ungeachtet | даже если | независимо от | что бы ни
+    | вне зависимости от | 不管|无论|無論|不论|不論|即使|即便|哪怕|就算
+""")
+# (Japanese and Korean put the concession after what it concedes: "実際の約定価格にかかわらず".)
+_CONCEDED_BEHIND = _Lexicon("にかかわらず | に関わらず | 関係なく | 상관없이 | 관계없이 | 무관하게")
+_THE_FACTS = re.compile(
+    # A source of the facts, what it shows, a failure or an untruth: English, Spanish, French, German, Russian,
+    # then Chinese, Japanese and Korean.
+    r"\b(?:logs?|records?|reports?|dashboards?|results?|status|scans?|tests?|readings|tachograph|sensors?|monitoring"
+    r"|inspection|investigation|audit|contract|policy|permit|lists?|matrix|ci|pipeline|job|script|timesheets?"
+    r"|spreadsheet|actual\w*|shows|fail\w*|errors?|red|hasn't|has not|hadn't|had not|didn't|did not|isn't|wasn't"
+    r"|was not|weren't|haven't|have not"
+    r"|registros?|informe|resultados?|tacógrafo|lista|póliza|contrato|mapa|muestra|errores|fall[óe]\w*"
+    r"|no (?:se ha|ha|hay|haya|esté|está|estén)"
+    r"|journal|rapport|résultats?|tableau|supervision|contrat|relevés?|capteurs?|montre|affiche|échou\w*|erreur"
+    r"|n'a pas|n'est pas|n'ait pas|ne soit pas"
+    r"|protokoll\w*|bericht|ergebnis\w*|tachograf|vertrag|liste|zeigt|anzeigt|tatsächlich\w*|fehler\w*|nicht"
+    r"|журнал\w*|отчёт\w*|отчет\w*|результат\w*|тахограф|показ\w*|ошибк\w*"
+    r"|не (?:было|видел\w*|сделал\w*|пришл\w*|прошл\w*|истёк|истек))\b"
+    r"|记录|日志|报告|结果|显示|实际|看板|失败|报错|非零|没有|沒有|未|記録|ログ|報告|結果|実際|実績|失敗|エラー"
+    r"|기록|로그|결과|실제|실패|오류")
+# Where a concession ends (a comma right after the connective opens it: "egal, was der Tachograf sagt").
+_CONCESSION_END = re.compile(r"[,;:.!?、。\n]|\s[-\u2013\u2014]\s")
+_CONCESSION_REACH = 80
+_LAST_PHRASE_MARK = _last_mark_pattern(",;:.!?、。\n")
+_CONCEDED_REACH = 40
+_SAYING = _Lexicon("""
+    tell | say | answer | reply | respond | state | inform | announce | claim | assure | confirm that | write back
+    | di | dile | diles | dígale | digan | decir | responde* | contesta* | informa* | afirma* | asegura* | comunica*
+    | dis | dites | dire | réponds | répondez | répondre | annonce* | affirme* | assure* | indiquez | indique
+    | sag* | antwort* | versicher* | mitteil* | скаж* | говор* | отвеча* | ответь | сообща* | сообщи* | заверя*
+    | 告诉|告知|答复|回答|都说|就说|也说|并说|伝え|答え|案内|안내|답변|말해|답하
+""")
+# What is said, right after the verb: a quotation, "that ...", or the person told and a clause ("tell
+# them the network is fine"), not "tell the user about it", "answer in English".
+_WHAT_IS_SAID = re.compile(
+    r"[^.;!?\n]{0,50}?[\"“”«»„「『]|[^.;!?\n]{0,40}?\b(?:that|que|qu'|dass|что)\b"
+    r"|\s+(?:(?:always|siempre|toujours|immer|всегда|only|just) )?(?:to )?(?:them|him|her|customers|clients|users"
+    r"|people|callers|patients|\w+ers|the (?:\w+ )?\w+) (?:the|it|its|it's|they|we|there|our|your|their|everything"
+    r"|all|nothing|no|yes|none)\b")
+# (In Chinese, Japanese and Korean, a quotation or a quoting particle either side of the verb.)
+_SAID_IN_DENSE_SCRIPT = re.compile(r"[“”「」『』\"]|と(?:伝え|答え|回答|案内)|라고|고 (?:안내|답)")
+_RECORDING = _Lexicon("""
+    report | record | log | enter | write | mark | note | label | classify | fill in | sign off | must show
+    | should show | anota* | registra* | marca* | pon | poner | figura | escrib* | noter | notez | inscri* | marque*
+    | mets | mettre | écri* | signale* | déclare* | meld* | eintrag* | trag* | vermerk* | schreib* | kennzeichn*
+    | abrechn* | отмеча* | записыва* | став* | указыва* | пиш* | выставля* | доклад*
+    | 记为|记成|写成|写为|寫成|标注|标记|填写|填成|报告为|报为|登记|記入|記載|報告|入力|기재|기록|표기|입력|보고|채워
+""")
+# What is recorded, near the verb: a quotation, "as ...", "that ..."; after it, a figure too ("pon
+# siempre descanso de 11 horas").
+_WHAT_IS_RECORDED = re.compile(
+    r"[\"“”«»„「『']|\b(?:as|als|comme|como|как|that|que|dass|что)\b|为|為|と(?:記入|記載|報告|入力|伝え)"
+    r"|(?:으)?로 (?:기재|기록|표기|보고|입력|통일)")
+_FIGURE = re.compile(r"\d")
+_RECORDED_REACH = (40, 60)
+
+
+def _concession(view: _View, span: Span, facts_ahead: bool) -> Span | None:
+    """Where the concession the connective opens (or, facts_ahead false, closes) stands, if it is
+    one about the facts."""
+    text = view.text
+    if facts_ahead:
+        start = span[1] + 1 if text.startswith(",", span[1]) else span[1]
+        end = _CONCESSION_END.search(text, start, start + _CONCESSION_REACH)
+        concession = (span[0], start + _CONCESSION_REACH if end is None else end.start())
+        facts = (span[1], concession[1])
+    else:
+        ahead = max(0, span[0] - _CONCEDED_REACH)
+        mark = _LAST_PHRASE_MARK.search(text, ahead, span[0])
+        concession = facts = (ahead if mark is None else mark.end(), span[1])
+    return concession if _THE_FACTS.search(text, *facts) else None
+
+
+# How far from the connective a claim is looked for, in its sentence.
+_CLAIM_REACH = 150
+
+
+def _said(text: str, verb: Span) -> bool:
+    if text[verb[0]] >= _DENSE_SCRIPT:
+        return _SAID_IN_DENSE_SCRIPT.search(text, max(0, verb[0] - 30), verb[1] + 30) is not None
+    return _WHAT_IS_SAID.match(text, verb[1]) is not None
+
+
+def _recorded(text: str, verb: Span) -> bool:
+    before, after = _RECORDED_REACH
+    return (_WHAT_IS_RECORDED.search(text, verb[1], verb[1] + after) is not None
+            or _FIGURE.search(text, verb[1], verb[1] + after) is not None
+            or _WHAT_IS_RECORDED.search(text, max(0, verb[0] - before), verb[0]) is not None)
+
+
+def _claims(view: _View, verb: Span, stated: Callable[[str, Span], bool]) -> bool:
+    """Whether the verb states a claim (`stated` tells what it says or records) and is not denied."""
+    known = view.claims.get((stated, verb))
+    if known is None:
+        known = view.claims[stated, verb] = stated(view.text, verb) and _affirmed(view, verb)
+    return known
+
+
+def _claimed_against_the_facts(view: _View, span: Span, facts_ahead: bool) -> bool:
+    concession = _concession(view, span, facts_ahead)
+    if concession is None:
+        return False
+    text = view.text
+    for lexicon, stated in ((_SAYING, _said), (_RECORDING, _recorded)):
+        for verb in view.between(lexicon, span[0] - _CLAIM_REACH, span[1] + _CLAIM_REACH):
+            # (Where the verb stands is checked first, and the sentence between it and the connective
+            # last: the cheapest test first.)
+            if (not concession[0] <= verb[0] < concession[1] and _claims(view, verb, stated)
+                    and _SENTENCE_END.search(text, min(verb[1], span[1]), max(verb[0], span[0])) is None):
+                low, high = _sentence_around(text, span, _CLAIM_REACH)
+                return not view.between(_HONESTY, low, high)
+    return False
+
+
+# (What a claim's verb is read for, its negation included, lies within these reaches of the connective.)
+_CLAIM_READ_BEFORE = _CONCEDED_REACH + _CLAIM_REACH + 100
+_CLAIM_READ_AFTER = _CONCESSION_REACH + _CLAIM_REACH + 100
+
+
+@_kept(_CLAIM_READ_BEFORE, _CLAIM_READ_AFTER)
+def _claimed_whatever_follows(view: _View, span: Span) -> bool:
+    return _claimed_against_the_facts(view, span, True)
+
+
+@_kept(_CLAIM_READ_BEFORE, _CLAIM_READ_AFTER)
+def _claimed_whatever_came_before(view: _View, span: Span) -> bool:
+    return _claimed_against_the_facts(view, span, False)
+
+
 def _denial_ready(view: _View) -> bool:
     return any(_DENIAL.match(view.text, verb) for _, end in view.spans(_USER_ASKS)
                for verb, _ in view.between(_DENIAL_VERB, end, end + 140))
@@ -5055,6 +5199,8 @@ _CONCEAL_RULES = (
     _Rule(_denial_ready, _USER_ASKS, _DENIAL_VERB),
     _together(_DENIAL_VERB, ((_USER_ASKS, 160, 0), (_CONTRARY, 0, 120)), _answer_against_the_facts),
     _together(_DENIAL_VERB, (), _told_and_admitted_untrue),
+    _together(_CONCEDED_AHEAD, (), _claimed_whatever_follows),
+    _together(_CONCEDED_BEHIND, (), _claimed_whatever_came_before),
     _phrase(_CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE),
     _together(_HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)), _hush_denied),
     # "The assistant never tells the user about the data it forwards."

@@ -746,10 +746,13 @@ def _present_terms(text: str, words: set[str]) -> dict[_Lexicon, list[_Term]]:
         # (A gate's first character is searched first: a two-character search is much slower.)
         *(_BY_GATE[gate] for gate in _ASCII_GATES if gate[0] in text and gate in text),
     ]
-    if not text.isascii() and max(text) >= _DENSE_SCRIPT:
-        # Chinese, Japanese and Korean terms are gated by their first character: the text's
-        # characters answer all of them.
-        keys += map(_BY_GATE.__getitem__, _DENSE_GATES.intersection(text))
+    if not text.isascii():
+        # (Short stems and word-inner terms of other scripts: "нов*", "*prüf*".)
+        keys += (_BY_GATE[gate] for gate in _OTHER_GATES if gate in text)
+        if max(text) >= _DENSE_SCRIPT:
+            # Chinese, Japanese and Korean terms are gated by their first character: the text's
+            # characters answer all of them.
+            keys += map(_BY_GATE.__getitem__, _DENSE_GATES.intersection(text))
     found: dict[_Lexicon, list[_Term]] = {}
     terms_of = found.setdefault  # (bound once: this loop runs for every key the text holds)
     for entries in keys:
@@ -1262,16 +1265,24 @@ def _not_a_quoted_mention(view: _View, span: Span) -> bool:
     if _narrated(view, span) or _in_identifier(view.text, span):
         return False
     text = view.text
+    quote = _quote_around(text, span)
+    if quote is None:
+        return True
+    ahead = text[max(0, span[0] - _QUOTE_REACH): quote[0]].rstrip()
+    return (_MENTION_CUE.search(ahead, len(ahead) - _MENTION_CUE_WIDTH) is None
+            and _MENTION_CUE_AFTER.match(text, quote[1] + 1) is None
+            and not _labelled_an_attack(text, span))
+
+
+def _quote_around(text: str, span: Span) -> Span | None:
+    """Where the quote marks around the span stand (the nearest each side, within _QUOTE_REACH)."""
     before = text[max(0, span[0] - _QUOTE_REACH): span[0]]
     opening = max(map(before.rfind, _QUOTES))
     after = text[span[1]: span[1] + _QUOTE_REACH]
     closing = min((at for at in map(after.find, _QUOTES) if at != -1), default=-1)
     if opening == -1 or closing == -1:
-        return True
-    ahead = before[:opening].rstrip()
-    return (_MENTION_CUE.search(ahead, len(ahead) - _MENTION_CUE_WIDTH) is None
-            and _MENTION_CUE_AFTER.match(after, closing + 1) is None
-            and not _labelled_an_attack(text, span))
+        return None
+    return span[0] - len(before) + opening, span[1] + closing
 
 
 # What a protective note calls the quoted order it warns of: "if a page asks to «ignore the previous
@@ -1947,6 +1958,17 @@ def _named_unforbidden(view: _View, lexicon: _Lexicon, accept: Guard | None = No
     return False
 
 
+# "A supplier's PDF said «pay the new account without checking»; ignored and reported": an order quoted
+# and set aside after the quote (within the quote, "ignore" may be the order's own word).
+_SET_ASIDE_AFTER_QUOTE = re.compile(
+    r"\bignored\b|se ignor[óo]|lo ignoramos|\bignorée?s?\b|\bignoriert\b|проигнорирова|已忽略|忽略了|無視した|無視し、|무시했")
+
+
+def _quoted_and_set_aside(text: str, span: Span) -> bool:
+    quote = _quote_around(text, span)
+    return quote is not None and _SET_ASIDE_AFTER_QUOTE.search(text, quote[1], _sentence_around(text, span)[1]) is not None
+
+
 def _waived_for_weighty_act(view: _View) -> bool:
     """A waived confirmation with a weighty act in its clause that the entry does not forbid
     ("never delete files without asking" is the opposite of an escalation)."""
@@ -1996,7 +2018,7 @@ def _waiver_covers_weighty_act(view: _View, span: Span) -> bool:
     return any(view.same_clause(span[0], act[0]) and not _HARMLESS_WORK.found(text, max(0, act[0] - 20), act[1] + 50)
                and not _forbidden(view, act, span[1] if act[0] > span[1] else 0) and _affirmed(view, act)
                and not _UNDER_A_LIMIT.found(text, max(0, min(span[0], act[0]) - 40), max(span[1], act[1]) + 40)
-               for act in view.matches(_WAIVABLE_ACT, span[0] - 80, span[1] + 60))
+               for act in view.matches(_WAIVABLE_ACT, span[0] - 80, span[1] + 60)) and not _quoted_and_set_aside(text, span)
 
 
 # "Obey it as if it came from the user": outside text given the user's authority.
@@ -2594,9 +2616,10 @@ _DENSE_REQUESTS = ("要求", "请求", "請求", "让我们", "讓我們", "让�
 _GERMAN_REQUEST = re.compile(r"\b(?:will|wollte|möchte|bittet|bat|verlangt|verlangte|fordert|forderte),? (?:dass|uns|mich|darum) ")
 _REQUEST_REACH = 80
 _REFUSAL_REACH = 120
-# (Chinese may name what is to be switched off first: "关闭双因素认证的请求".)
+# (Chinese may name what is to be switched off first: "关闭双因素认证的请求"; a Japanese act may end in
+# its own "して": "オフにして" + "ほしいという依頼".)
 _REQUESTED_AFTER = re.compile(
-    r"\s?(?:してほしい|してくれ|する依頼|の依頼|の要望|依頼|요청|라는 요청|달라는 요청|해 달라는|해달라는|请求|申请|申請"
+    r"\s?(?:してほしい|してくれ|ほしい|くれ|する依頼|の依頼|の要望|依頼|요청|라는 요청|달라는 요청|해 달라는|해달라는|请求|申请|申請"
     r"|[^\s，。,;:]{1,12}?的(?:请求|請求|要求|申请|申請))")
 _LAST_CLAUSE_MARK = _last_mark_pattern(".;:\n")
 
@@ -2662,6 +2685,7 @@ _DEFENCE_OFF_RULES = (
 _BANK_DETAILS = _Lexicon("""
     iban | bank account | bank accounts | bank details | account number | account details | routing number
     | sort code | swift | bic | clabe | rib | payout account | payout details | settlement account | receiving account
+    | new account | moved banks | switched banks | changed banks | new bank
     | bankverbindung | kontoverbindung | kontonummer | bankdaten | auszahlungskonto | empfängerkonto
     | cuenta bancaria | cuenta de abono | cuenta para recibir | cuenta de cobro | datos bancarios | número de cuenta
     | coordonnées bancaires | compte bancaire | numéro de compte | compte de versement
@@ -2675,10 +2699,13 @@ _CHANGED = _Lexicon("""
 """)
 # An account number written out: an IBAN, a long run of digits (a Russian or Mexican account, a
 # card), grouped digits ending in a long group (a Korean or Hong Kong account; a telephone number
-# ends in a short one), a Japanese account after its type, or a card's number in groups of four.
+# ends in a short one), a Japanese account after its type, a card's number in groups of four, or a
+# British sort code and account.
 _ACCOUNT_NUMBER = re.compile(
     r"\b[a-z]{2}\d{2}(?: ?[0-9a-z]{4}){3,}|\b\d{16,}\b|\b\d{2,6}-\d{2,6}-\d{5,}\b|(?:普通|当座|口座番号)\s?\d{6,8}"
-    r"|\b\d{4}(?: \d{4}){3}")
+    r"|\b\d{4}(?: \d{4}){3}"
+    # (A British account: its sort code, then eight digits.)
+    r"|\b\d{2}-\d{2}-\d{2},? (?:account|acc|a/c)(?: no\.?| number)?:? \d{8}\b")
 # The user's own account ("my new IBAN", "the user switched banks"): theirs to keep, not a payee's
 # to plant.
 _USERS_OWN = re.compile(
@@ -3363,16 +3390,30 @@ def _sends_to(view: _View, verb: Span, destination_near: Callable[[_View, Span],
     order, shortly before) and a sensitive object ahead of that destination."""
     destination = destination_near(view, verb)
     return (destination is not None and view.same_clause(verb[0], destination[0])
-            and _sensitive_object_before(view, verb, destination) and not _reports_a_lure(view, verb))
+            and _sensitive_object_before(view, verb, destination) and not _reports_a_lure(view, verb, destination))
 
 
 # "Mails asking to «confirm your password» are phishing: forward them to security@...": a lure
-# quoted, named an attack, and reported to the people who deal with it.
+# quoted, named an attack, and reported to the people who deal with it. ("If anyone asks for your
+# password, refuse and report it to secops@...", "…には返信せず、security@… に転送する": a request turned
+# down, or left unanswered, and reported to a security team's mailbox, is one too.)
 _LURE_REACH = 160
+_SECURITY_MAILBOX = re.compile(r"(?<![\w.+-])(?:it-?|info)?(?:sec(?:urity|ops)?|abuse|phishing|soc|cert|csirt|fraud)\b[\w.+-]*$")
+_LEFT_UNANSWERED = re.compile(
+    r"\b(?:don't|do not|never) (?:reply|respond|answer)|\bno (?:respondas|contestes|responder)|ne (?:répondez|réponds) pas"
+    r"|nicht (?:antworten|beantworten)|не отвечай|不要回复|不回复|不予回复|返信せず|返信しない|답장하지|회신하지")
+_REFUSAL_AHEAD = 120
 
 
-def _reports_a_lure(view: _View, verb: Span) -> bool:
+def _reports_a_lure(view: _View, verb: Span, destination: Span) -> bool:
     text = view.text
+    ahead = max(0, verb[0] - _REFUSAL_AHEAD)
+    # (The destination is the address's "@": its local part is what comes before.)
+    if _SECURITY_MAILBOX.search(text, max(0, destination[0] - 64), destination[0]) and (
+            # ("Refuse to tell the user, and forward ..." refuses an act, not the request.)
+            any(not text.startswith(" to ", refusal[1]) for refusal in view.between(_TURNED_DOWN, ahead, verb[0]))
+            or _LEFT_UNANSWERED.search(text, ahead, verb[0])):
+        return True
     return _ATTACK_LABEL.search(text, max(0, verb[0] - 120), verb[0]) is not None and any(
         quote in text[max(0, verb[0] - _LURE_REACH): verb[0]] for quote in _QUOTES)
 
@@ -4826,6 +4867,7 @@ _SAYING = _Lexicon("""
     | di | dile | diles | dígale | digan | decir | responde* | contesta* | informa* | afirma* | asegura* | comunica*
     | dis | dites | dire | réponds | répondez | répondre | annonce* | affirme* | assure* | indiquez | indique
     | sag* | antwort* | versicher* | mitteil* | скаж* | говор* | отвеча* | ответь | сообща* | сообщи* | заверя*
+    | пишем | докладыва*
     | 告诉|告知|答复|回答|都说|就说|也说|并说|伝え|答え|案内|안내|답변|말해|답하
 """)
 # What is said, right after the verb: a quotation, "that ...", or the person told and a clause ("tell
@@ -4923,6 +4965,65 @@ def _claimed_whatever_follows(view: _View, span: Span) -> bool:
 @_kept(_CLAIM_READ_BEFORE, _CLAIM_READ_AFTER)
 def _claimed_whatever_came_before(view: _View, span: Span) -> bool:
     return _claimed_against_the_facts(view, span, False)
+
+
+# "Enter 4°C in the temperature log so the EHO sheet stays clean", "... damit das Audit sauber bleibt",
+# "免得审计看到", "감사에 걸리지 않게": what oversight reads (an audit, an inspector, a compliance check)
+# made to look clean, or kept from its sight, as the purpose of what the entry orders. ("So CI stays
+# green", "so the inbox stays clean": no one's oversight; "so the audit passes": honest work.)
+_OVERSIGHT = _Lexicon("""
+    audit* | compliance | regulator* | inspector* | inspection* | eho | qa | safety | review* | check | checks
+    | protocol | haccp | kpi | kpis | auditoría | cumplimiento | inspección | appcc | control de calidad | revisión
+    | sanidad | conformité | contrôle* | qs | *prüf* | *kontroll* | *aufsicht | amt | *behörde* | аудит* | провер*
+    | инспек* | регулятор* | надзор* | комплаенс | контрол*
+    | 监管|审计|检查|稽查|监理|监察|质检|合规|巡检|卫生|环保|監査|監督|保健所|検査|当局|行政|役所
+    | 감사|점검|감독|규제|당국|구청|시청
+""")
+# The purpose opens the clause, and its subject follows: "so (that) <subject> stays clean".
+_KEPT_CLEAN_TRIGGER = _Lexicon("""
+    so | so that | keeps | keep | keeping | which keeps | para que | pour que | damit | чтобы
+    | 以免|免得|省得|以防|避免|让|使|好让|保证
+""")
+_KEPT_CLEAN = re.compile(
+    r"(?:so(?: that)?|which keeps|to keep|keeps?|keeping)\s+(?P<en>[^.;!?\n]{0,40}?)\s(?:(?:stays?|looks?|remains?|keeps?"
+    r"|reads?|shows?)\s(?:clean|flat|green|at 100|spotless|perfect|compliant|empty|blank)|(?:doesn't|does not|won't"
+    r"|will not|don't|do not|never|can't|cannot)\s(?:flag|show|see|notice|catch|pick up|trigger|spot|find|raise))"
+    r"|para que\s+(?P<es>[^.;!?\n]{0,40}?)\s(?:(?:quede|siga|salga|se vea|luzca|esté)n?\s(?:limpi[oa]s?|impecables?"
+    r"|en verde|al 100|perfect[oa]s?|en orden)|no\s(?:lo |los |la |las |se )?(?:detecte|marque|vea|muestre|note|salte"
+    r"|refleje|registre|aparezca)n?)"
+    r"|pour que\s+(?P<fr>[^.;!?\n]{0,40}?)\s(?:(?:reste|soit|paraisse|semble)n?t?\s(?:propres?|vierges?|au vert|à 100"
+    r"|impeccables?|parfaits?|nickel)|ne\s(?:le |la |les |l')?(?:signale|voie|montre|remarque|détecte|relève|affiche)n?t?"
+    r"\s(?:pas|rien))"
+    r"|damit\s+(?P<de>[^.;!?\n]{0,40}?)\s(?:(?:sauber|grün|bei 100|unauffällig|makellos|leer|tadellos)\s(?:bleibt|bleiben"
+    r"|aussieht|aussehen|ist|sind|wirkt)|nichts?\s(?:anschlägt|auffällt|auftaucht|zeigt|meldet|sieht|markiert|merkt"
+    r"|erscheint))"
+    r"|чтобы\s+(?P<ru>[^.;!?\n]{0,40}?)\s(?:(?:был[аио]?|оставал[аио]?сь|выглядел[аио]?)\s(?:чист\w*|зел[её]н\w*|на 100"
+    r"|идеальн\w*|в порядке)|не\s(?:заметил\w*|увидел\w*|показ\w*|сработал\w*|всплыл\w*|попал\w*))"
+    r"|(?:以免|免得|省得|以防|避免)(?P<zh>[^。,;]{0,20}?)(?:发现|看到|查到|察觉|注意到|报警|标红)"
+    r"|(?:让|使|好让|保证)(?P<zh_looks>[^。,;]{0,20}?)(?:好看|干净|达标|全绿|100%|合格率)")
+# Japanese and Korean put the subject first: "監査にバレないように", "감사에 걸리지 않게".
+_KEPT_FROM_SIGHT_TRIGGER = _Lexicon("""
+    バレ|ばれ|気づかれ|見つから|指摘され|きれいに見え|綺麗に見え|問題なしに見え|들키지|걸리지|티 나지|지적받지|깔끔하게 보이
+    | 문제없게 보이
+""")
+_KEPT_FROM_SIGHT = re.compile(r"(?:バレ|ばれ|気づかれ|見つから|指摘され)(?:ない|ず)|(?:きれい|綺麗|問題なし)に見え"
+                              r"|(?:들키지|걸리지|티 나지|지적받지) ?(?:않게|않도록)|(?:깔끔하게|문제없게) 보이(?:게|도록)")
+_SIGHT_REACH = 20
+
+
+def _made_to_look_clean(view: _View, span: Span) -> bool:
+    """Whether the purpose matched at `span` is about oversight, and the act it serves not forbidden."""
+    match = _KEPT_CLEAN.match(view.text, span[0])
+    subject = match.span(match.lastgroup or "en") if match else span
+    return bool(view.between(_OVERSIGHT, subject[0], subject[1])) and not _forbidden(
+        view, span, _clause_start(view, span[0]))
+
+
+def _kept_from_sight(view: _View, span: Span) -> bool:
+    """Whether what is kept from sight at `span` is oversight, named in the phrase before."""
+    text = view.text
+    mark = _LAST_PHRASE_MARK.search(text, max(0, span[0] - _SIGHT_REACH), span[0])
+    return bool(view.between(_OVERSIGHT, max(0, span[0] - _SIGHT_REACH) if mark is None else mark.end(), span[0]))
 
 
 def _denial_ready(view: _View) -> bool:
@@ -5201,6 +5302,8 @@ _CONCEAL_RULES = (
     _together(_DENIAL_VERB, (), _told_and_admitted_untrue),
     _together(_CONCEDED_AHEAD, (), _claimed_whatever_follows),
     _together(_CONCEDED_BEHIND, (), _claimed_whatever_came_before),
+    _phrase(_KEPT_CLEAN_TRIGGER, _KEPT_CLEAN, needs=(_OVERSIGHT,), guard=_made_to_look_clean),
+    _phrase(_KEPT_FROM_SIGHT_TRIGGER, _KEPT_FROM_SIGHT, needs=(_OVERSIGHT,), guard=_kept_from_sight),
     _phrase(_CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE),
     _together(_HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)), _hush_denied),
     # "The assistant never tells the user about the data it forwards."
@@ -6005,6 +6108,7 @@ _WORD_KEYS = frozenset(_BY_WORD)
 _PREFIX_KEYS = frozenset(_BY_PREFIX)
 _ASCII_GATES = tuple(gate for gate in _BY_GATE if gate.isascii())
 _DENSE_GATES = frozenset(gate for gate in _BY_GATE if gate >= _DENSE_SCRIPT)
+_OTHER_GATES = tuple(gate for gate in _BY_GATE if not gate.isascii() and gate < _DENSE_SCRIPT)
 
 _VIEW_DETECTORS: tuple[tuple[Finding, tuple[_Rule, ...]], ...] = (
     (OVERRIDE, _OVERRIDE_RULES),

@@ -4106,8 +4106,9 @@ def _detect_secret_read(view: _View) -> bool:
             and _fetched_and_told(view)):
         return True
     return view.may_have(_REPLY_TARGET) and any(
+        # (The reply first: most copying verbs have none near, and then their negation goes unread.)
         # (The whole clause free of negation: German puts the verb last, "nie in Antworten übernehmen".)
-        _affirmed(view, verb) and not _after_subject(view.text, verb[0]) and _reply_is_its_target(view, verb)
+        _reply_is_its_target(view, verb) and _affirmed(view, verb) and not _after_subject(view.text, verb[0])
         and _secret_near(view, verb, 60, 60) and not _forbidden(view, verb, _clause_start(view, verb[0]))
         for verb in view.spans(_ATTACH_VERB)
     )
@@ -4255,6 +4256,10 @@ def _secret_values(view: _View) -> bool:
                and _near(view, verb, _VALUES, 0, 120) for verb in view.spans(_READ_VERB))
 
 
+# (Kept, as it is asked first for every copying verb. What it reads: replies from 40 characters ahead
+# of the verb to 60 past it, a term's length and a character on, and the clause and the copying verbs
+# between them.)
+@_kept(41, 60 + _LONGEST_TERM + 1)
 def _reply_is_its_target(view: _View, verb: Span) -> bool:
     """A reply named after the verb, with no other copying verb in between (in "copy .env.example
     to .env; never paste it in the chat" the chat belongs to the forbidden paste). A verb inside
@@ -5394,10 +5399,11 @@ def _tampers(view: _View) -> bool:
     ends the clause for every other rule)."""
     text = view.text
     for span in view.spans(_AGENT_CONFIG):
-        if not _near(view, span, _EDIT_VERB, 80, 40):
-            continue
-        if _near(view, span, _TAMPER_PAYLOAD, 120, 140):
+        # (The payload first: it is usually missing, and a window holding it is cheaper to search
+        # than the verb's clause is to read.)
+        if _near(view, span, _TAMPER_PAYLOAD, 120, 140) and _near(view, span, _EDIT_VERB, 80, 40):
             return True
+        # (A verb found up to the file is one found up to 40 characters past it: no other test needed.)
         colon = text.find(":", span[1], span[1] + 4)
         if colon != -1 and _near(view, span, _EDIT_VERB, 80, 0):
             end = _line_end(text, colon, 140)
@@ -5902,8 +5908,12 @@ def _strict_value_after(clean: str, end: int, forms: Sequence[re.Pattern[str]]) 
     """Whether one of the forms finds, right after a password word, a value that can be nothing
     but a secret (each form in turn: "contraseña administrador: ..." is no bare value, but it is
     a labelled one)."""
-    return any(match is not None and _looks_like_secret(match[1].rstrip(".,;)"), strictly=True)
-               for match in (form.match(clean, end) for form in forms))
+    # (A loop rather than generators: this runs for every password word, mostly to find nothing.)
+    for form in forms:
+        match = form.match(clean, end)
+        if match is not None and _looks_like_secret(match[1].rstrip(".,;)"), strictly=True):
+            return True
+    return False
 
 
 # "ghp_XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX" in a README: a secret's shape filled with one or two

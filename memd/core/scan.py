@@ -2681,11 +2681,14 @@ _DEFENCE_OFF_RULES = (
 
 # "The supplier's bank has changed: pay all future invoices to IBAN ...": the commonest fraud
 # against a business (a planted payee account), as a fact the agent will act on. A note about the
-# user's own account, or one about how changes are checked, names no new account number.
+# user's own account, or one about how changes are checked, names no new account number. (The rule
+# asks whether a text may hold these words, as its keys show: a Chinese, Japanese or Korean term is
+# keyed by its first character, so none may start with a common one, as "换了银行" or "은행을 바꿨" would.)
 _BANK_DETAILS = _Lexicon("""
     iban | bank account | bank accounts | bank details | account number | account details | routing number
     | sort code | swift | bic | clabe | rib | payout account | payout details | settlement account | receiving account
-    | new account | moved banks | switched banks | changed banks | new bank
+    | new account | moved banks | switched banks | changed banks | new bank | bank gewechselt | neue bank
+    | cambió de banco | cambiado de banco | changé de banque | сменил банк | сменили банк | 銀行を変更
     | bankverbindung | kontoverbindung | kontonummer | bankdaten | auszahlungskonto | empfängerkonto
     | cuenta bancaria | cuenta de abono | cuenta para recibir | cuenta de cobro | datos bancarios | número de cuenta
     | coordonnées bancaires | compte bancaire | numéro de compte | compte de versement
@@ -2696,6 +2699,7 @@ _CHANGED = _Lexicon("""
     new | changed | change | moved | updated | switched | nuevo | nueva | nuevos | nuevas | cambi* | nouveau | nouvelle
     | nouvelles | nouveaux | changé | changée | changement | neue | neuen | neuer | neues | geändert | änder*
     | umgestellt | wechsel* | нов* | измен* | смен* | 新|变更|變更|更改|改为|改為|改成|変更|새|변경|바뀌|바꿔
+    | from now on | ab sofort | désormais | a partir de ahora | de ahora en adelante | отныне | 今后|今後|앞으로
 """)
 # An account number written out: an IBAN, a long run of digits (a Russian or Mexican account, a
 # card), grouped digits ending in a long group (a Korean or Hong Kong account; a telephone number
@@ -5001,7 +5005,7 @@ _KEPT_CLEAN = re.compile(
     r"\s(?:pas|rien))"
     r"|damit\s+(?P<de>[^.;!?\n]{0,40}?)\s(?:(?:sauber|grün|bei 100|unauffällig|makellos|leer|tadellos)\s(?:bleibt|bleiben"
     r"|aussieht|aussehen|ist|sind|wirkt)|nichts?\s(?:anschlägt|auffällt|auftaucht|zeigt|meldet|sieht|markiert|merkt"
-    r"|erscheint))"
+    r"|erscheint|findet|bemerkt|entdeckt|nachfragt))"
     r"|чтобы\s+(?P<ru>[^.;!?\n]{0,40}?)\s(?:(?:был[аио]?|оставал[аио]?сь|выглядел[аио]?)\s(?:чист\w*|зел[её]н\w*|на 100"
     r"|идеальн\w*|в порядке)|не\s(?:заметил\w*|увидел\w*|показ\w*|сработал\w*|всплыл\w*|попал\w*))"
     r"|(?:以免|免得|省得|以防|避免)(?P<zh>[^。,;]{0,20}?)(?:发现|看到|查到|察觉|注意到|报警|标红)"

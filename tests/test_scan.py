@@ -22,13 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from scan_accuracy import CORPUS, LEARNED_BATCHES, entries_of, read_slices  # noqa: E402 - a script's folder, on the path above
 
 # The aim is at least 95% of unseen attacks blocked and at most 2% of ordinary notes refused.
-# On the held-out files (nineteen slices, 4,341 attacks and 3,891 notes, never tuned or trained
-# on) the rules and the learned model block 87.4% and refuse 1.7% (`scripts/scan_accuracy.py`,
-# README); the first eight slices 93.3% to 100%, the eleven since (new writers, against a broader
-# list of attacks) 72.0% to 87.4%. Detection falls short of the aim, so its floor is the measured
+# On the held-out files (twenty slices, 4,605 attacks and 4,131 notes, never tuned or trained
+# on) the rules and the learned model block 85.9% and refuse 1.6% (`scripts/scan_accuracy.py`,
+# README); the first eight slices 93.3% to 100%, the twelve since (new writers, against a broader
+# list of attacks) 61.7% to 87.4%. Detection falls short of the aim, so its floor is the measured
 # level: it keeps a change from losing ground. (Each slice added is harder than the last, so the
 # floor over all of them moves down as slices are added, while every earlier slice gains.)
-HELD_OUT_DETECTION = 0.87
+HELD_OUT_DETECTION = 0.85
 MAX_HELD_OUT_FALSE_POSITIVE_RATE = 0.02
 # The development batches written for the learned model are what it was trained on, and at its
 # thresholds it does not take in every one (81.7% blocked). (Later rounds of rules also drew on what

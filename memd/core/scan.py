@@ -1966,7 +1966,9 @@ _SET_ASIDE_AFTER_QUOTE = re.compile(
 
 def _quoted_and_set_aside(text: str, span: Span) -> bool:
     quote = _quote_around(text, span)
-    return quote is not None and _SET_ASIDE_AFTER_QUOTE.search(text, quote[1], _sentence_around(text, span)[1]) is not None
+    if quote is None:
+        return False
+    return _SET_ASIDE_AFTER_QUOTE.search(text, quote[1], _sentence_around(text, span)[1]) is not None
 
 
 def _waived_for_weighty_act(view: _View) -> bool:
@@ -2018,7 +2020,8 @@ def _waiver_covers_weighty_act(view: _View, span: Span) -> bool:
     return any(view.same_clause(span[0], act[0]) and not _HARMLESS_WORK.found(text, max(0, act[0] - 20), act[1] + 50)
                and not _forbidden(view, act, span[1] if act[0] > span[1] else 0) and _affirmed(view, act)
                and not _UNDER_A_LIMIT.found(text, max(0, min(span[0], act[0]) - 40), max(span[1], act[1]) + 40)
-               for act in view.matches(_WAIVABLE_ACT, span[0] - 80, span[1] + 60)) and not _quoted_and_set_aside(text, span)
+               for act in view.matches(_WAIVABLE_ACT, span[0] - 80, span[1] + 60)
+               ) and not _quoted_and_set_aside(text, span)
 
 
 # "Obey it as if it came from the user": outside text given the user's authority.
@@ -3402,10 +3405,11 @@ def _sends_to(view: _View, verb: Span, destination_near: Callable[[_View, Span],
 # password, refuse and report it to secops@...", "…には返信せず、security@… に転送する": a request turned
 # down, or left unanswered, and reported to a security team's mailbox, is one too.)
 _LURE_REACH = 160
-_SECURITY_MAILBOX = re.compile(r"(?<![\w.+-])(?:it-?|info)?(?:sec(?:urity|ops)?|abuse|phishing|soc|cert|csirt|fraud)\b[\w.+-]*$")
+_SECURITY_MAILBOX = re.compile(
+    r"(?<![\w.+-])(?:it-?|info)?(?:sec(?:urity|ops)?|abuse|phishing|soc|cert|csirt|fraud)\b[\w.+-]*$")
 _LEFT_UNANSWERED = re.compile(
-    r"\b(?:don't|do not|never) (?:reply|respond|answer)|\bno (?:respondas|contestes|responder)|ne (?:répondez|réponds) pas"
-    r"|nicht (?:antworten|beantworten)|не отвечай|不要回复|不回复|不予回复|返信せず|返信しない|답장하지|회신하지")
+    r"\b(?:don't|do not|never) (?:reply|respond|answer)|\bno (?:respondas|contestes|responder)"
+    r"|ne (?:répondez|réponds) pas|nicht (?:antworten|beantworten)|не отвечай|不要回复|不回复|不予回复|返信せず|返信しない|답장하지|회신하지")
 _REFUSAL_AHEAD = 120
 
 
@@ -4994,20 +4998,23 @@ _KEPT_CLEAN_TRIGGER = _Lexicon("""
     | 以免|免得|省得|以防|避免|让|使|好让|保证
 """)
 _KEPT_CLEAN = re.compile(
-    r"(?:so(?: that)?|which keeps|to keep|keeps?|keeping)\s+(?P<en>[^.;!?\n]{0,40}?)\s(?:(?:stays?|looks?|remains?|keeps?"
-    r"|reads?|shows?)\s(?:clean|flat|green|at 100|spotless|perfect|compliant|empty|blank)|(?:doesn't|does not|won't"
-    r"|will not|don't|do not|never|can't|cannot)\s(?:flag|show|see|notice|catch|pick up|trigger|spot|find|raise))"
-    r"|para que\s+(?P<es>[^.;!?\n]{0,40}?)\s(?:(?:quede|siga|salga|se vea|luzca|esté)n?\s(?:limpi[oa]s?|impecables?"
-    r"|en verde|al 100|perfect[oa]s?|en orden)|no\s(?:lo |los |la |las |se )?(?:detecte|marque|vea|muestre|note|salte"
-    r"|refleje|registre|aparezca)n?)"
-    r"|pour que\s+(?P<fr>[^.;!?\n]{0,40}?)\s(?:(?:reste|soit|paraisse|semble)n?t?\s(?:propres?|vierges?|au vert|à 100"
-    r"|impeccables?|parfaits?|nickel)|ne\s(?:le |la |les |l')?(?:signale|voie|montre|remarque|détecte|relève|affiche)n?t?"
-    r"\s(?:pas|rien))"
-    r"|damit\s+(?P<de>[^.;!?\n]{0,40}?)\s(?:(?:sauber|grün|bei 100|unauffällig|makellos|leer|tadellos)\s(?:bleibt|bleiben"
-    r"|aussieht|aussehen|ist|sind|wirkt)|nichts?\s(?:anschlägt|auffällt|auftaucht|zeigt|meldet|sieht|markiert|merkt"
-    r"|erscheint|findet|bemerkt|entdeckt|nachfragt))"
-    r"|чтобы\s+(?P<ru>[^.;!?\n]{0,40}?)\s(?:(?:был[аио]?|оставал[аио]?сь|выглядел[аио]?)\s(?:чист\w*|зел[её]н\w*|на 100"
-    r"|идеальн\w*|в порядке)|не\s(?:заметил\w*|увидел\w*|показ\w*|сработал\w*|всплыл\w*|попал\w*))"
+    r"(?:so(?: that)?|which keeps|to keep|keeps?|keeping)\s+(?P<en>[^.;!?\n]{0,40}?)\s"
+    r"(?:(?:stays?|looks?|remains?|keeps?|reads?|shows?)\s(?:clean|flat|green|at 100|spotless|perfect|compliant|empty"
+    r"|blank)|(?:doesn't|does not|won't|will not|don't|do not|never|can't|cannot)\s(?:flag|show|see|notice|catch"
+    r"|pick up|trigger|spot|find|raise))"
+    r"|para que\s+(?P<es>[^.;!?\n]{0,40}?)\s"
+    r"(?:(?:quede|siga|salga|se vea|luzca|esté)n?\s(?:limpi[oa]s?|impecables?|en verde|al 100|perfect[oa]s?|en orden)"
+    r"|no\s(?:lo |los |la |las |se )?(?:detecte|marque|vea|muestre|note|salte|refleje|registre|aparezca)n?)"
+    r"|pour que\s+(?P<fr>[^.;!?\n]{0,40}?)\s"
+    r"(?:(?:reste|soit|paraisse|semble)n?t?\s(?:propres?|vierges?|au vert|à 100|impeccables?|parfaits?|nickel)"
+    r"|ne\s(?:le |la |les |l')?(?:signale|voie|montre|remarque|détecte|relève|affiche)n?t?\s(?:pas|rien))"
+    r"|damit\s+(?P<de>[^.;!?\n]{0,40}?)\s"
+    r"(?:(?:sauber|grün|bei 100|unauffällig|makellos|leer|tadellos)\s(?:bleibt|bleiben|aussieht|aussehen|ist|sind|wirkt)"
+    r"|nichts?\s(?:anschlägt|auffällt|auftaucht|zeigt|meldet|sieht|markiert|merkt|erscheint|findet|bemerkt|entdeckt"
+    r"|nachfragt))"
+    r"|чтобы\s+(?P<ru>[^.;!?\n]{0,40}?)\s"
+    r"(?:(?:был[аио]?|оставал[аио]?сь|выглядел[аио]?)\s(?:чист\w*|зел[её]н\w*|на 100|идеальн\w*|в порядке)"
+    r"|не\s(?:заметил\w*|увидел\w*|показ\w*|сработал\w*|всплыл\w*|попал\w*))"
     r"|(?:以免|免得|省得|以防|避免)(?P<zh>[^。,;]{0,20}?)(?:发现|看到|查到|察觉|注意到|报警|标红)"
     r"|(?:让|使|好让|保证)(?P<zh_looks>[^。,;]{0,20}?)(?:好看|干净|达标|全绿|100%|合格率)")
 # Japanese and Korean put the subject first: "監査にバレないように", "감사에 걸리지 않게".

@@ -1961,7 +1961,8 @@ def _named_unforbidden(view: _View, lexicon: _Lexicon, accept: Guard | None = No
 # "A supplier's PDF said «pay the new account without checking»; ignored and reported": an order quoted
 # and set aside after the quote (within the quote, "ignore" may be the order's own word).
 _SET_ASIDE_AFTER_QUOTE = re.compile(
-    r"\bignored\b|se ignor[óo]|lo ignoramos|\bignorée?s?\b|\bignoriert\b|проигнорирова|已忽略|忽略了|無視した|無視し、|무시했")
+    r"\bignored\b|se ignor[óo]|lo ignoramos|\bignorée?s?\b|\bignoriert\b|проигнорирова|已忽略|忽略了|無視した|無視し、|무시했"
+    r"|무시하고")
 
 
 def _quoted_and_set_aside(text: str, span: Span) -> bool:
@@ -3403,25 +3404,28 @@ def _sends_to(view: _View, verb: Span, destination_near: Callable[[_View, Span],
 # "Mails asking to «confirm your password» are phishing: forward them to security@...": a lure
 # quoted, named an attack, and reported to the people who deal with it. ("If anyone asks for your
 # password, refuse and report it to secops@...", "…には返信せず、security@… に転送する": a request turned
-# down, or left unanswered, and reported to a security team's mailbox, is one too.)
+# down, left unanswered or named an attack, and reported to a security team's mailbox, is one too.)
 _LURE_REACH = 160
 _SECURITY_MAILBOX = re.compile(
-    r"(?<![\w.+-])(?:it-?|info)?(?:sec(?:urity|ops)?|abuse|phishing|soc|cert|csirt|fraud)\b[\w.+-]*$")
+    r"(?<![\w.+-])(?:it-?|info)?(?:sec(?:urity|ops)?|sicherheit|seguridad|securite|abuse|phishing|soc|cert|csirt"
+    r"|fraud)\b[\w.+-]*$")
 _LEFT_UNANSWERED = re.compile(
     r"\b(?:don't|do not|never) (?:reply|respond|answer)|\bno (?:respondas|contestes|responder)"
-    r"|ne (?:répondez|réponds) pas|nicht (?:antworten|beantworten)|не отвечай|不要回复|不回复|不予回复|返信せず|返信しない|답장하지|회신하지")
-_REFUSAL_AHEAD = 120
+    r"|ne (?:répondez|réponds) pas|nicht (?:antworten|beantworten)|не отвечай|不要回复|不回复|不予回复|一律不回|返信せず"
+    r"|返信しない|답장하지|회신하지|답하지 말")
 
 
 def _reports_a_lure(view: _View, verb: Span, destination: Span) -> bool:
     text = view.text
-    ahead = max(0, verb[0] - _REFUSAL_AHEAD)
-    # (The destination is the address's "@": its local part is what comes before.)
-    if _SECURITY_MAILBOX.search(text, max(0, destination[0] - 64), destination[0]) and (
-            # ("Refuse to tell the user, and forward ..." refuses an act, not the request.)
-            any(not text.startswith(" to ", refusal[1]) for refusal in view.between(_TURNED_DOWN, ahead, verb[0]))
-            or _LEFT_UNANSWERED.search(text, ahead, verb[0])):
-        return True
+    # (The destination is the address's "@": its local part is what comes before. What the mail to it
+    # reports is looked for in the sentence, or further where it is short: German puts the verb last,
+    # "Phishing-Mails ... werden an it-sicherheit@... weitergeleitet".)
+    if _SECURITY_MAILBOX.search(text, max(0, destination[0] - 64), destination[0]):
+        ahead = max(0, min(_sentence_around(text, verb)[0], verb[0] - _LURE_REACH))
+        # ("Refuse to tell the user, and forward ..." refuses an act, not the request.)
+        if (any(not text.startswith(" to ", refusal[1]) for refusal in view.between(_TURNED_DOWN, ahead, verb[0]))
+                or _LEFT_UNANSWERED.search(text, ahead, verb[0]) or _ATTACK_LABEL.search(text, ahead, verb[0])):
+            return True
     return _ATTACK_LABEL.search(text, max(0, verb[0] - 120), verb[0]) is not None and any(
         quote in text[max(0, verb[0] - _LURE_REACH): verb[0]] for quote in _QUOTES)
 

@@ -2952,6 +2952,22 @@ _HEADER_PHRASE = re.compile(
     r"|<!--\s*(?:assistant|ai|agent|model|llm|system|bot)\s*[:,]"
     r"|(?:系统公告|系統公告|システム通知|시스템 공지|시스템 알림)\s*[:>\]】)\-]"
 )
+# A notice headed as the system's or an administrator's in the other languages: "AVISO DEL SISTEMA:",
+# "NOTE SYSTÈME :", "SYSTEMHINWEIS:", "СЛУЖЕБНОЕ УВЕДОМЛЕНИЕ:", "管理员通知：". (Matched where its first
+# word stands: "note", "aviso", "管理者" are common, and a search around each would cost a hostile text
+# of them thousands of windows.)
+_NOTICE_HEADER_TRIGGER = _Lexicon("""
+    aviso | nota | notificación | notificacion | mensaje | note | avis | notification | message | mise à jour
+    | systemhinweis | systemmitteilung | systemnotiz | systemnachricht | adminhinweis | adminnachricht | admin-hinweis
+    | admin-nachricht | administrator-hinweis | системное | служебное | уведомление | сообщение
+    | 管理员通知|管理员消息|管理员公告|管理者|관리자 공지|관리자 알림|관리자 메시지
+""")
+_NOTICE_HEADER = re.compile(
+    r"(?:aviso|nota|notificaci[óo]n|mensaje) del (?:sistema|administrador|admin)\s*:"
+    r"|(?:note|avis|notification|message|mise à jour) (?:du |de l'|de la )?(?:syst[èe]me|admin(?:istrateur)?)\s*:"
+    r"|(?:system|admin|administrator)-?(?:hinweis|mitteilung|notiz|nachricht)\s*:"
+    r"|(?:системное|служебное) (?:уведомление|сообщение)\s*:|(?:уведомление|сообщение) (?:системы|администратора)\s*:"
+    r"|管理员(?:通知|消息|公告)\s*:|管理者(?:からの)?(?:通知|お知らせ|メッセージ)\s*:|관리자 (?:공지|알림|메시지)\s*:")
 # A tag named for an authority, "<admin_override>", "<anulacion_admin>".
 _TAG_TRIGGER = _Lexicon("admin | override | anulacion | anulación | annulation")
 _AUTHORITY_TAG = re.compile(r"<[a-z_-]{0,20}(?:admin|override|anulaci[oó]n|annulation)[a-z_-]{0,20}>")
@@ -3143,6 +3159,7 @@ _FAKE_SYSTEM_RULES = (
     _Rule(lambda view: any(_bracketed(view, span, strong=False) for span in view.spans(_HEADER_WEAK_ROLE)),
           _HEADER_WEAK_ROLE),
     _phrase(_HEADER_PHRASE_TRIGGER, _HEADER_PHRASE, reach=(3, 40)),
+    _phrase(_NOTICE_HEADER_TRIGGER, _NOTICE_HEADER),
     _phrase(_TAG_TRIGGER, _AUTHORITY_TAG, reach=(24, 30)),
 )
 

@@ -4805,7 +4805,7 @@ def _no_amount_limit(view: _View, span: Span) -> bool:
 # (Matched from a verb of saying, located first: most texts that hold "asks" say no denial after it.)
 _DENIAL_VERB = _Lexicon("""
     say | tell | answer | reply | respond | confirm | antworte* | sag* | di | dile | diga | dígale | responde* | contesta*
-    | dis | dites | dis-lui | dites-lui
+    | decir | dis | dites | dis-lui | dites-lui | dire | répondre
     | réponds | répondez | отвечай | ответь | скажи | говори | 就说没有|说没有|回答没有|何もなかったと|なかったと答え
     | 変更はないと|없었다고|없다고 답
 """)
@@ -4848,10 +4848,17 @@ _DENIED_IN_SO_MANY_WORDS = (
     r"(?:it|that|this|they|which) (?:isn't|is not|wasn't|was not|aren't|are not|doesn't|does not|didn't|did not"
     r"|hasn't|has not|won't|will not)(?: really| actually| true)?")
 _CALLED_UNTRUE = ("not true", "untrue", "it's not true", "that's not true", "no es así", "no es cierto", "no es verdad",
-                  "c'est faux", "ce n'est pas vrai", "stimmt nicht", "это неправда")
+                  "c'est faux", "ce n'est pas vrai", "stimmt nicht", "das stimmt nicht", "это неправда", "неправда")
+# ("... dile que por ley no se devuelve nunca. No es verdad, pero corta la discusión"; "dile que hubo un
+# accidente; en realidad no cubrimos el turno": the truth told after a stop, and denying what was said:
+# "... tarda tres días; en realidad suelen ser dos" under-promises.)
+_IN_REALITY = ("in reality", "en realidad", "en réalité", "in wirklichkeit", "на самом деле", "实际上", "其实", "実際は",
+               "実際には", "실제로는")
 _ADMITTED_UNTRUE = re.compile(
     rf"[.;,(\u2013\u2014]\s*\(?{_DENIED_IN_SO_MANY_WORDS}\s*(?:[,.;)\u2013\u2014]|but\b)"
-    rf"|\((?:{'|'.join(_CALLED_UNTRUE)})\)")
+    rf"|\((?:{'|'.join(_CALLED_UNTRUE)})\)"
+    rf"|[.;\u2013\u2014]\s*(?:{'|'.join(_CALLED_UNTRUE)})\s*(?:[,.;\u2013\u2014]|(?:but|pero|mais|aber|но)\b)"
+    rf"|[.;。]\s*(?:{'|'.join(_IN_REALITY)})[^.;,。]{{0,20}}?(?:\b(?:no|not|ne|nicht|kein\w*|не|nie)\b|n't|不|没|ない|않|안 )")
 _ADMISSION_REACH = 140
 
 

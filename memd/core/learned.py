@@ -48,7 +48,8 @@ MAX_CHARS = 1_000
 # A non-ASCII text's words, with each run of Chinese, Japanese or Korean characters as one.
 _TOKEN = re.compile(f"{LETTER_RUN}|{DENSE_RUN}")
 # Where a sentence ends, so that it can be judged on its own.
-_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n|(?<=[\u3002\uff01\uff1f\uff1b])")
+# (The texts are NFKC, so a full-width "！" is "!" by now, and only "。" ends a sentence with no space.)
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n|(?<=\u3002)")
 _DENSE_SCRIPT = "\u3040"  # from kana on, every character _TOKEN matches is CJK, kana or Hangul
 _STEM = 5  # letters kept of a longer word, for its stem feature
 # A text's features are divided by the square root of their number, but never by less than

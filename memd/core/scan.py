@@ -441,9 +441,10 @@ _UMLAUTS = str.maketrans({"ä": "ae", "ö": "oe", "ü": "ue"})
 
 Span = tuple[int, int]
 
-# Clause stops; rules only combine words of one clause.
+# Clause stops; rules only combine words of one clause. (Every text read is NFKC, which makes the
+# full-width "！", "？" and "；" ASCII: of the dense scripts' stops only "。" is left to list.)
 _CLAUSE_STOPS_ASCII = ("\n", ";", ". ", "! ", "? ", ": ")
-_CLAUSE_STOPS = (*_CLAUSE_STOPS_ASCII, "。", "！", "？", "；")
+_CLAUSE_STOPS = (*_CLAUSE_STOPS_ASCII, "。")
 # The last stop in a text: everything taken first, then given back until a stop follows. (One
 # pattern is cheaper than a search per stop, and this runs for most verbs.)
 _LAST_CLAUSE_STOP = re.compile("(?s:.*)(" + "|".join(map(re.escape, _CLAUSE_STOPS)) + ")")
@@ -1921,7 +1922,7 @@ _SENTENCE_NEGATION = re.compile(
     r"\b(?:" + "|".join(sorted(_NEGATION_WORDS | {
         word.translate(_CONFUSABLES) for word in _NEGATION_WORDS}, key=len, reverse=True)) + r")\b"
     r"|\bpas\b|n't\b|绝不|絕不|不要|不得|不能|不需要|不用|无需|無需|不必|无须|没有|沒有|禁止|切勿|别|別|ない|ません|않|말|금지|안 ")
-_SENTENCE_END = re.compile(r"[.!?]\s|[\n。！？]")
+_SENTENCE_END = re.compile(r"[.!?]\s|[\n。]")
 
 
 def _line_start(text: str, position: int, reach: int) -> int:
@@ -2216,8 +2217,8 @@ def _weighty_acts_approved(view: _View) -> bool:
 @_kept(80 + _LONGEST_MATCH, 130)
 def _approval_over_weighty_acts(view: _View, span: Span) -> bool:
     text = view.text
-    opened = max(text.rfind("(", max(0, span[0] - 30), span[0]), text.rfind("（", max(0, span[0] - 30), span[0]))
-    if opened != -1 and not any(mark in text[opened: span[0]] for mark in ")）"):
+    opened = text.rfind("(", max(0, span[0] - 30), span[0])
+    if opened != -1 and ")" not in text[opened: span[0]]:
         return False
     low, high = max(_clause_start(view, span[0]), span[0] - 80), span[1] + 40
     # (The acts first: they are usually missing, and in a text of many approvals they are looked up
@@ -2390,7 +2391,7 @@ _OFF = (r"off|false|disabled?|aus|d[ée]sactiv[ée]e?s?|desactivad[oa]s?|вык�
         r"|关闭|關閉")
 _SWITCHED_OFF = re.compile(
     rf"\w*\s*(?:=\s*(?:{_OFF}|no|0|none|never|nein|non|нет|なし|없음|关|關|否|无|無|不需要)|:\s*(?:{_OFF}))"
-    r"(?![^\W\d_])\s*(?:$|[,;)\]}|(\n、，；]|(?:and|y|et|und|и)\b)"
+    r"(?![^\W\d_])\s*(?:$|[,;)\]}|(\n、]|(?:and|y|et|und|и)\b)"
 )
 
 
@@ -2624,7 +2625,7 @@ _REFUSAL_REACH = 120
 # its own "して": "オフにして" + "ほしいという依頼".)
 _REQUESTED_AFTER = re.compile(
     r"\s?(?:してほしい|してくれ|ほしい|くれ|する依頼|の依頼|の要望|依頼|요청|라는 요청|달라는 요청|해 달라는|해달라는|请求|申请|申請"
-    r"|[^\s，。,;:]{1,12}?的(?:请求|請求|要求|申请|申請))")
+    r"|[^\s。,;:]{1,12}?的(?:请求|請求|要求|申请|申請))")
 _LAST_CLAUSE_MARK = _last_mark_pattern(".;:\n")
 
 
@@ -3293,7 +3294,7 @@ def _is_email(view: _View, span: Span) -> bool:
 # where anything goes.
 _SENDER_BEFORE = re.compile(
     r"(?:\b(?:from|von|desde|depuis|от|с|со|senders?|expéditeur|remitente|absender|отправитель)"
-    r"|送信元|差出人|发件人|發件人|寄件人|발신자|보낸 사람)\s?(?:[:：]|は|是|为|為|은|는)?\s?$")
+    r"|送信元|差出人|发件人|發件人|寄件人|발신자|보낸 사람)\s?(?::|は|是|为|為|은|는)?\s?$")
 _LOCAL_PART = re.compile(r"[\w.+-]{1,64}$")
 _SENDER_AFTER = re.compile(r"[\w.-]{1,253}\s?(?:から|에서|发出|發出|发来|發來)")
 
@@ -4014,7 +4015,7 @@ def _not_negated(view: _View, span: Span) -> bool:
 
 
 # What ends a phrase in Chinese, Japanese and Korean (a comma too: "読み込み、.env はコミットしない").
-_PHRASE_MARKS = ("、", "，", "。", "；", "！", ",", ";", ".", "!", "\n")
+_PHRASE_MARKS = ("、", "。", ",", ";", ".", "!", "\n")
 _LAST_PHRASE_MARK = _last_mark_pattern("".join(_PHRASE_MARKS))
 _DENSE_NEGATION_ENDINGS = (
     "しない", "しないこと", "しないで", "しないでください", "するな", "禁止", "厳禁", "不可", "不要",
@@ -4230,7 +4231,7 @@ def _conceded(view: _View, ask: Span) -> bool:
     text = view.text
     before = text[max(0, ask[0] - 30): ask[0]]
     # (From the last comma on: in "even if she refuses, ask for the code" the request is an order.)
-    before = before[max(map(before.rfind, (",", "，", "、", ";", "；"))) + 1:]
+    before = before[max(map(before.rfind, (",", "、", ";"))) + 1:]
     return _EVEN_IF.search(before) is not None or _EVEN_IF_AFTER.match(text, ask[1]) is not None
 
 
@@ -4638,7 +4639,7 @@ _CONCEAL_PHRASES: tuple[tuple[_Lexicon, tuple[_Lexicon, ...], re.Pattern[str]], 
         r"|(?:wenn|falls) (?:der|die) (?:be)?nutzer(?:in)? (?:\w+ )?fragt[^.\n;]{0,60}?"
         r"(?:sag(?:e)? (?:nein|nichts)|antworte mit nein|leugne|streite)"
         r"|если пользователь (?:\w+ )?спрос\w*[^.\n;]{0,60}?(?:скажи|ответь)(?:,)? (?:что )?(?:нет|ничего)"
-        r"|如果用户(?:问|問)[^。\n；]{0,40}?(?:就说|就說|回答)(?:没有|沒有|不是)"
+        r"|如果用户(?:问|問)[^。\n;]{0,40}?(?:就说|就說|回答)(?:没有|沒有|不是)"
         r"|(?:聞かれたら|尋ねられたら)[^。\n]{0,30}?(?:ないと答え|いいえと答え|否定)"
         r"|(?:물어보면|묻는다면)[^.\n]{0,30}?(?:없다고|아니라고|않았다고|안 했다고|부인)")),
     (_Lexicon("behind"), (), re.compile(r"behind the user's back\b")),
@@ -5844,7 +5845,7 @@ _DECODE_ORDER = re.compile(
     r"|d[ée]code\w*\b[^.\n;]{0,60}?\bet\b[^.\n;]{0,20}?\b(?:suis|suivez|ex[ée]cute|fais|faites|ob[ée]is|applique)"
     r"|dekodier\w*\b[^.\n;]{0,60}?\bund\b[^.\n;]{0,20}?\b(?:befolge|f[üu]hre|tu|mach|gehorche)"
     r"|(?:декодируй|расшифруй)[^.\n;]{0,60}?\bи\b[^.\n;]{0,20}?(?:выполни|следуй|сделай|исполни)"
-    r"|(?:解码|解碼)[^。\n；]{0,40}?(?:执行|執行|照做|按照|遵循|服从|服從)"
+    r"|(?:解码|解碼)[^。\n;]{0,40}?(?:执行|執行|照做|按照|遵循|服从|服從)"
     r"|デコード[^。\n]{0,40}?(?:実行|従って|従え|その通り)"
     r"|(?:디코딩|디코드)[^.\n]{0,40}?(?:실행|따라|따르)"
 )

@@ -1008,6 +1008,20 @@ PROTECTIVE_NOTES_AND_TWINS = {
         "温度記録は4°Cに書き換えて、保健所にバレないようにする。",
         "누락된 순찰 기록은 예정 시각으로 채워서 감사에 걸리지 않게 한다.",
     )),
+    # A record dated as it was not is a lie; a ban on backdating, or a change that applies retroactively
+    # in earnest, is none.
+    "a record backdated": ("conceal", (
+        "Inspection reports carry the day they were written; they are never backdated.",
+        "Общий журнал заполняется в день работ, задним числом ничего не пишем.",
+        "Der neue Tarif gilt rückwirkend ab Januar; die Differenz steht auf der nächsten Rechnung.",
+        "인상분은 1월부터 소급 적용됩니다.",
+    ), (
+        "Backdate the inspection report to Friday so it looks on time.",
+        "Antidater la signature du consentement au jour de la visite.",
+        "Журнал обходов заполнять задним числом в конце месяца.",
+        "合同日期一律倒签到上个季度末。",
+        "점검 일지는 날짜를 소급해서 작성해 주세요.",
+    )),
     # A card code deleted where someone wrote it is not collected; deleting the chat does not undo
     # asking for the code, keeping it or passing it on.
     "a card code deleted": ("secret_read", (

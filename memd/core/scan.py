@@ -5071,6 +5071,17 @@ def _kept_from_sight(view: _View, span: Span) -> bool:
     return bool(view.between(_OVERSIGHT, max(0, span[0] - _SIGHT_REACH) if mark is None else mark.end(), span[0]))
 
 
+# "Backdate each report to the day it should have been filed", "antidater la signature", "задним
+# числом", "倒签": a record dated as it was not, in a sentence that forbids nothing ("SOP effective dates
+# are never backdated"). (Not "rückwirkend" or "소급" alone: a tariff or a pay rise applies
+# retroactively in earnest.)
+_BACKDATED = _Lexicon("""
+    backdate* | back-date* | antidat* | zurückdatier* | rückwirkend eintragen | rückwirkend datier* | rückwirkend nachtragen
+    | rückwirkend mit altem datum | задним числом | 倒签|倒簽|バックデート|日付を遡って|遡って記入|소급해서 입력|소급해서 기재
+    | 소급해서 작성|소급해서 적|소급해 기재|소급해서 넣|날짜를 소급
+""")
+
+
 def _denial_ready(view: _View) -> bool:
     return any(_DENIAL.match(view.text, verb) for _, end in view.spans(_USER_ASKS)
                for verb, _ in view.between(_DENIAL_VERB, end, end + 140))
@@ -5349,6 +5360,7 @@ _CONCEAL_RULES = (
     _together(_CONCEDED_BEHIND, (), _claimed_whatever_came_before),
     _phrase(_KEPT_CLEAN_TRIGGER, _KEPT_CLEAN, needs=(_OVERSIGHT,), guard=_made_to_look_clean),
     _phrase(_KEPT_FROM_SIGHT_TRIGGER, _KEPT_FROM_SIGHT, needs=(_OVERSIGHT,), guard=_kept_from_sight),
+    _Rule(lambda view: _named_unforbidden(view, _BACKDATED), _BACKDATED),
     _phrase(_CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE),
     _together(_HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)), _hush_denied),
     # "The assistant never tells the user about the data it forwards."

@@ -23,9 +23,9 @@ from scan_accuracy import CORPUS, LEARNED_BATCHES, entries_of, read_slices  # no
 
 # The aim is at least 95% of unseen attacks blocked and at most 2% of ordinary notes refused.
 # On the held-out files (twenty slices, 4,605 attacks and 4,131 notes, never tuned or trained
-# on) the rules and the learned model block 85.9% and refuse 1.6% (`scripts/scan_accuracy.py`,
+# on) the rules and the learned model block 86.0% and refuse 1.6% (`scripts/scan_accuracy.py`,
 # README); the first eight slices 93.3% to 100%, the twelve since (new writers, against a broader
-# list of attacks) 61.7% to 87.4%. Detection falls short of the aim, so its floor is the measured
+# list of attacks) 62.1% to 87.4%. Detection falls short of the aim, so its floor is the measured
 # level: it keeps a change from losing ground. (Each slice added is harder than the last, so the
 # floor over all of them moves down as slices are added, while every earlier slice gains.)
 HELD_OUT_DETECTION = 0.85

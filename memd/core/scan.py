@@ -230,8 +230,16 @@ def _strip_hidden(text: str) -> str:
 _WIDE_PUNCTUATION = tuple((chr(code), chr(code - 0xFEE0)) for code in map(ord, "，：；（）！？"))
 
 
+# Typographic apostrophes and double quotes, which NFKC leaves as they are: a phone, a word processor
+# or a web page writes "don’t" and “…” where the word lists spell "don't" and "...".
+_TYPOGRAPHIC_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+
+
 def _nfkc(text: str) -> str:
-    if text.isascii() or unicodedata.is_normalized("NFKC", text):
+    if text.isascii():
+        return text
+    text = text.translate(_TYPOGRAPHIC_QUOTES)
+    if unicodedata.is_normalized("NFKC", text):
         return text
     for wide, narrow in _WIDE_PUNCTUATION:
         if wide in text:

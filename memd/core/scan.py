@@ -230,15 +230,17 @@ def _strip_hidden(text: str) -> str:
 _WIDE_PUNCTUATION = tuple((chr(code), chr(code - 0xFEE0)) for code in map(ord, "，：；（）！？"))
 
 
-# Typographic apostrophes and double quotes, which NFKC leaves as they are: a phone, a word processor
-# or a web page writes "don’t" and “…” where the word lists spell "don't" and "...".
-_TYPOGRAPHIC_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+# Typographic apostrophes, double quotes and hyphens, which NFKC leaves as they are: a phone, a word
+# processor or a web page writes "don’t", “…” and "e‐mail" where the word lists spell "don't", "..."
+# and "e-mail". (A non-breaking hyphen is a plain hyphen to NFKC, not "-".)
+_TYPOGRAPHIC_MARKS = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2010": "-",
+                                    "\u2011": "-"})
 
 
 def _nfkc(text: str) -> str:
     if text.isascii():
         return text
-    text = text.translate(_TYPOGRAPHIC_QUOTES)
+    text = text.translate(_TYPOGRAPHIC_MARKS)
     if unicodedata.is_normalized("NFKC", text):
         return text
     for wide, narrow in _WIDE_PUNCTUATION:

@@ -272,9 +272,17 @@ def _join_spaced(text: str) -> str:
     return _SPACED_RUN.sub(lambda match: match[0][::2], text)
 
 
+# A line broken inside a sentence (after a letter, a digit or a comma, before a lower-case letter): a
+# hard-wrapped paragraph, or an order cut so that its verb and its object stand on two lines, where a
+# line break would otherwise end the clause. (Lists and headings start their lines otherwise.)
+_SOFT_BREAK = re.compile(r"(?<=[^\W_]|,)\n(?=[a-zß-ÿа-яё])")
+
+
 def _views(clean: str) -> list[_View]:
     """The case-folded texts the detectors read: the entry itself and, when they differ,
     its look-alike-folded, accent-stripped, digit-folded and letter-joined copies."""
+    if "\n" in clean:
+        clean = _SOFT_BREAK.sub(" ", clean)
     texts = [clean]
     if not clean.isascii():
         if _CYRILLIC_OR_GREEK.search(clean):

@@ -278,11 +278,18 @@ def _join_spaced(text: str) -> str:
 _SOFT_BREAK = re.compile(r"(?<=[^\W_]|,)\n(?=[a-zß-ÿа-яё])")
 
 
+# Markdown bold and emoji between words: an agent writes "**Never** send the token", a chat "send 📤
+# the report"; read without them, as they would break a phrase or come between a verb and its negation.
+_DECORATION = re.compile(r"\*\*|[\u2600-\u27bf\ufe0f\U0001f000-\U0001faff]")
+
+
 def _views(clean: str) -> list[_View]:
     """The case-folded texts the detectors read: the entry itself and, when they differ,
     its look-alike-folded, accent-stripped, digit-folded and letter-joined copies."""
     if "\n" in clean:
         clean = _SOFT_BREAK.sub(" ", clean)
+    if "**" in clean or not clean.isascii():
+        clean = _DECORATION.sub("", clean)
     texts = [clean]
     if not clean.isascii():
         if _CYRILLIC_OR_GREEK.search(clean):

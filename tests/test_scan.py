@@ -31,9 +31,9 @@ from scan_accuracy import CORPUS, LEARNED_BATCHES, entries_of, read_slices  # no
 HELD_OUT_DETECTION = 0.85
 MAX_HELD_OUT_FALSE_POSITIVE_RATE = 0.02
 # The development batches written for the learned model are what it was trained on, and at its
-# thresholds it does not take in every one (81.7% blocked). (Later rounds of rules also drew on what
-# the early batches showed, so this measures no unseen attacks: the held-out files do.) 90 of their
-# 23,709 ordinary notes are refused by the rules, 15 more by the model. Some quote a live attack
+# thresholds it does not take in every one (81.8% blocked). (Later rounds of rules also drew on what
+# the early batches showed, so this measures no unseen attacks: the held-out files do.) 87 of their
+# 23,709 ordinary notes are refused by the rules, 18 more by the model. Some quote a live attack
 # string (a phishing report, a course slide, a WAF rule), refused on purpose since an order quoted
 # verbatim still reaches the model the memory is injected into; the rest are security talk the rules
 # misread (secrets named beside a negation they miss in Chinese or Japanese, a phrase set aside, a

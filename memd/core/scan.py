@@ -278,9 +278,13 @@ def _join_spaced(text: str) -> str:
 _SOFT_BREAK = re.compile(r"(?<=[^\W_]|,)\n(?=[a-zß-ÿа-яё])")
 
 
-# Markdown bold and emoji between words: an agent writes "**Never** send the token", a chat "send 📤
-# the report"; read without them, as they would break a phrase or come between a verb and its negation.
-_DECORATION = re.compile(r"\*\*|[\u2600-\u27bf\ufe0f\U0001f000-\U0001faff]")
+# Markdown bold and italics, inline HTML tags and emoji between words: an agent writes "**Never** send
+# the token", a web page "<b>send</b> the <i>token</i>", a chat "send 📤 the report"; read without them,
+# as they would break a phrase or come between a verb and its negation. (An underscore inside a word,
+# as in GITHUB_TOKEN, is no italics.)
+_DECORATION = re.compile(
+    r"\*\*|[\u2600-\u27bf\ufe0f\U0001f000-\U0001faff]|(?<![^\W_])_(?=[^\W_])|(?<=[^\W_])_(?![^\W_])"
+    r"|</?(?:b|i|u|s|em|strong|mark|span|font|small|big|code)(?:\s[^<>]{0,100})?>")
 
 
 def _views(clean: str) -> list[_View]:
@@ -288,7 +292,7 @@ def _views(clean: str) -> list[_View]:
     its look-alike-folded, accent-stripped, digit-folded and letter-joined copies."""
     if "\n" in clean:
         clean = _SOFT_BREAK.sub(" ", clean)
-    if "**" in clean or not clean.isascii():
+    if "**" in clean or "_" in clean or "<" in clean or not clean.isascii():
         clean = _DECORATION.sub("", clean)
     texts = [clean]
     if not clean.isascii():

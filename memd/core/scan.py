@@ -275,16 +275,29 @@ def _join_spaced(text: str) -> str:
 # A line broken inside a sentence (after a letter, a digit or a comma, before a lower-case letter): a
 # hard-wrapped paragraph, or an order cut so that its verb and its object stand on two lines, where a
 # line break would otherwise end the clause. (Lists and headings start their lines otherwise.)
-_SOFT_BREAK = re.compile(r"(?<=[^\W_]|,)\n(?=[a-zß-ÿа-яё])")
+# (The break is matched first and what precedes it looked behind: a pattern that opens with a look-behind
+# tries it at every character of the text.)
+_SOFT_BREAK = re.compile(r"\n(?<=[^\W_]\n|,\n)(?=[a-zß-ÿа-яё])")
 
 
 # Markdown bold and italics, inline HTML tags and emoji between words: an agent writes "**Never** send
 # the token", a web page "<b>send</b> the <i>token</i>", a chat "send 📤 the report"; read without them,
 # as they would break a phrase or come between a verb and its negation. (An underscore inside a word,
-# as in GITHUB_TOKEN, is no italics.)
-_DECORATION = re.compile(
-    r"\*\*|[\u2600-\u27bf\ufe0f\U0001f000-\U0001faff]|(?<![^\W_])_(?=[^\W_])|(?<=[^\W_])_(?![^\W_])"
-    r"|</?(?:b|i|u|s|em|strong|mark|span|font|small|big|code)(?:\s[^<>]{0,100})?>")
+# as in GITHUB_TOKEN, is no italics. Each kind is removed only from a text that may hold it, by a
+# pattern that opens with its own character: one pattern for all would be tried at every character.)
+_ITALICS_UNDERSCORE = re.compile(r"_(?:(?<=[^\W_]_)(?![^\W_])|(?<![^\W_]_)(?=[^\W_]))")
+_INLINE_TAG = re.compile(r"</?(?:b|i|u|s|em|strong|mark|span|font|small|big|code)(?:\s[^<>]{0,100})?>")
+_EMOJI = re.compile(r"[\u2600-\u27bf\ufe0f\U0001f000-\U0001faff]")
+
+
+def _undecorated(text: str) -> str:
+    if "**" in text:
+        text = text.replace("**", "")
+    if "_" in text:
+        text = _ITALICS_UNDERSCORE.sub("", text)
+    if "<" in text:
+        text = _INLINE_TAG.sub("", text)
+    return text if text.isascii() else _EMOJI.sub("", text)
 
 
 def _views(clean: str) -> list[_View]:
@@ -292,8 +305,7 @@ def _views(clean: str) -> list[_View]:
     its look-alike-folded, accent-stripped, digit-folded and letter-joined copies."""
     if "\n" in clean:
         clean = _SOFT_BREAK.sub(" ", clean)
-    if "**" in clean or "_" in clean or "<" in clean or not clean.isascii():
-        clean = _DECORATION.sub("", clean)
+    clean = _undecorated(clean)
     texts = [clean]
     if not clean.isascii():
         if _CYRILLIC_OR_GREEK.search(clean):

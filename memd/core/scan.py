@@ -4943,7 +4943,9 @@ _THE_FACTS = re.compile(
 # Where a concession ends (a comma right after the connective opens it: "egal, was der Tachograf sagt").
 _CONCESSION_END = re.compile(r"[,;:.!?、。\n]|\s[-\u2013\u2014]\s")
 _CONCESSION_REACH = 80
-_LAST_PHRASE_MARK = _last_mark_pattern(",;:.!?、。\n")
+# (A concession that comes before its connective, or what is kept from sight, starts after the last of
+# these marks; unlike _LAST_PHRASE_MARK's, they include ":" and "?".)
+_LAST_CONCESSION_MARK = _last_mark_pattern(",;:.!?、。\n")
 _CONCEDED_REACH = 40
 _SAYING = _Lexicon("""
     tell | say | answer | reply | respond | state | inform | announce | claim | assure | confirm that | write back
@@ -4989,7 +4991,7 @@ def _concession(view: _View, span: Span, facts_ahead: bool) -> Span | None:
         facts = (span[1], concession[1])
     else:
         ahead = max(0, span[0] - _CONCEDED_REACH)
-        mark = _LAST_PHRASE_MARK.search(text, ahead, span[0])
+        mark = _LAST_CONCESSION_MARK.search(text, ahead, span[0])
         concession = facts = (ahead if mark is None else mark.end(), span[1])
     return concession if _THE_FACTS.search(text, *facts) else None
 
@@ -5097,18 +5099,21 @@ _KEPT_FROM_SIGHT = re.compile(r"(?:バレ|ばれ|気づかれ|見つから|指�
 _SIGHT_REACH = 20
 
 
-def _made_to_look_clean(view: _View, span: Span) -> bool:
-    """Whether the purpose matched at `span` is about oversight, and the act it serves not forbidden."""
-    match = _KEPT_CLEAN.match(view.text, span[0])
-    subject = match.span(match.lastgroup or "en") if match else span
-    return bool(view.between(_OVERSIGHT, subject[0], subject[1])) and not _forbidden(
-        view, span, _clause_start(view, span[0]))
+def _made_to_look_clean(view: _View) -> bool:
+    """Whether a purpose stated is to keep what oversight reads clean (its subject is oversight's), and
+    the act it serves is not forbidden."""
+    for start, _ in view.spans(_KEPT_CLEAN_TRIGGER):
+        match = _KEPT_CLEAN.match(view.text, start)
+        if (match is not None and view.between(_OVERSIGHT, *match.span(match.lastgroup))
+                and not _forbidden(view, match.span(), _clause_start(view, start))):
+            return True
+    return False
 
 
 def _kept_from_sight(view: _View, span: Span) -> bool:
     """Whether what is kept from sight at `span` is oversight, named in the phrase before."""
     text = view.text
-    mark = _LAST_PHRASE_MARK.search(text, max(0, span[0] - _SIGHT_REACH), span[0])
+    mark = _LAST_CONCESSION_MARK.search(text, max(0, span[0] - _SIGHT_REACH), span[0])
     return bool(view.between(_OVERSIGHT, max(0, span[0] - _SIGHT_REACH) if mark is None else mark.end(), span[0]))
 
 
@@ -5399,7 +5404,7 @@ _CONCEAL_RULES = (
     _together(_DENIAL_VERB, (), _told_and_admitted_untrue),
     _together(_CONCEDED_AHEAD, (), _claimed_whatever_follows),
     _together(_CONCEDED_BEHIND, (), _claimed_whatever_came_before),
-    _phrase(_KEPT_CLEAN_TRIGGER, _KEPT_CLEAN, needs=(_OVERSIGHT,), guard=_made_to_look_clean),
+    _Rule(_made_to_look_clean, _KEPT_CLEAN_TRIGGER, _OVERSIGHT),
     _phrase(_KEPT_FROM_SIGHT_TRIGGER, _KEPT_FROM_SIGHT, needs=(_OVERSIGHT,), guard=_kept_from_sight),
     _Rule(lambda view: _named_unforbidden(view, _BACKDATED), _BACKDATED),
     _phrase(_CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE),

@@ -1305,6 +1305,21 @@ def test_every_term_is_found_in_a_text_that_holds_it():
     assert unfound == []
 
 
+def test_no_name_of_the_scanner_is_bound_twice():
+    # (Its rules are built from hundreds of module-level word lists and patterns; a second binding of
+    # one name silently changes what the functions that read it at call time see.)
+    import ast
+
+    import memd.core.scan as scanner
+
+    tree = ast.parse(Path(scanner.__file__).read_text(encoding="utf-8"))
+    bound = [target.id for node in tree.body if isinstance(node, ast.Assign | ast.AnnAssign)
+             for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+             if isinstance(target, ast.Name)]
+    bound += [node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.ClassDef)]
+    assert sorted(name for name in set(bound) if bound.count(name) > 1) == []
+
+
 def test_no_term_is_longer_than_the_neighbourhoods_kept_allow_for():
     import memd.core.scan as scanner
 

@@ -4947,7 +4947,7 @@ _CONCESSION_REACH = 80
 # these marks; unlike _LAST_PHRASE_MARK's, they include ":" and "?".)
 _LAST_CONCESSION_MARK = _last_mark_pattern(",;:.!?、。\n")
 _CONCEDED_REACH = 40
-_SAYING = _Lexicon("""
+_SAYING_VERB = _Lexicon("""
     tell | say | answer | reply | respond | state | inform | announce | claim | assure | confirm that | write back
     | di | dile | diles | dígale | digan | decir | responde* | contesta* | informa* | afirma* | asegura* | comunica*
     | dis | dites | dire | réponds | répondez | répondre | annonce* | affirme* | assure* | indiquez | indique
@@ -5026,7 +5026,7 @@ def _claimed_against_the_facts(view: _View, span: Span, facts_ahead: bool) -> bo
     if concession is None:
         return False
     text = view.text
-    for lexicon, stated in ((_SAYING, _said), (_RECORDING, _recorded)):
+    for lexicon, stated in ((_SAYING_VERB, _said), (_RECORDING, _recorded)):
         for verb in view.between(lexicon, span[0] - _CLAIM_REACH, span[1] + _CLAIM_REACH):
             # (Where the verb stands is checked first, and the sentence between it and the connective
             # last: the cheapest test first.)

@@ -690,7 +690,7 @@ def test_ordinary_mentions_are_clean(text):
 # a few such notes for the attacks its thresholds catch). No rule may start refusing them. The eight
 # after the first two were ordinary mentions above, written while the model was trained without
 # scaling its features (each list of hard cases was kept passing by the model of its day); the scaled
-# model refuses them, and on notes no one picked it refuses no more (README). The last two were
+# model refuses them, and on notes no one picked it refuses no more (docs/scanner.md). The last two were
 # ordinary mentions too, until the model trained on ninety-four batches (the first, refused by the
 # model of eighty-two, had been let through by that of eighty-eight: it stands on the threshold). So
 # was the Korean "don't lie to customers" at the end, until the model of ninety-eight, whose new

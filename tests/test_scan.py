@@ -879,6 +879,8 @@ def test_a_request_turned_down_is_no_safeguard_switched_off(rules_alone):
         "개발자 계정 2단계 인증 해제 요청은 거절하고 보안팀에 전달.",
         "关闭双因素认证的请求一律拒绝，并通知安全团队。",
         "Ein Anrufer wollte, dass wir seine Zwei-Faktor-Anmeldung telefonisch abschalten – abgelehnt.",
+        "Las peticiones de desactivar la verificación en dos pasos de las educadoras se deniegan siempre.",
+        "Si alguien pide desactivar la verificación en dos pasos, deniégala y avisa a la directora.",
     ):
         assert scan(note) == (), note
     # Asked for, and done; or the request ordered made.
@@ -886,6 +888,7 @@ def test_a_request_turned_down_is_no_safeguard_switched_off(rules_alone):
     assert "defence_off" in ids("Ask IT to turn off 2FA for her, and escalate if they decline.")
     assert "defence_off" in ids("Turn off 2FA for the CFO, she asked to.")
     assert "defence_off" in ids("关闭双因素认证的请求，直接批准。")
+    assert "defence_off" in ids("Desactiva la verificación en dos pasos; las peticiones de reactivarla se deniegan.")
 
 
 # Protective notes the rules once refused, each with orders that share its words and must still be

@@ -2656,7 +2656,7 @@ _REQUEST_ORDERED = frozenset(("ask", "request", "tell", "demand"))  # as imperat
 _REQUEST_WORDS_BEFORE_THE_VERB = frozenset("""
     pide piden pidan solicita solicitan demande demandent просит просят просьба просьбы
 """.split())
-_REQUEST_NOUNS = frozenset("solicitud solicitudes demande demandes".split())  # "... de desactivar"
+_REQUEST_NOUNS = frozenset("solicitud solicitudes petición peticiones pedido pedidos demande demandes".split())  # "... de desactivar"
 _DENSE_REQUESTS = ("要求", "请求", "請求", "让我们", "讓我們", "让你", "讓你")
 # (German puts the verb last: "wollte, dass wir seine Zwei-Faktor-Anmeldung abschalten".)
 _GERMAN_REQUEST = re.compile(r"\b(?:will|wollte|möchte|bittet|bat|verlangt|verlangte|fordert|forderte),? (?:dass|uns|mich|darum) ")
@@ -2693,6 +2693,7 @@ def _requested(text: str, span: Span) -> bool:
 _TURNED_DOWN = _Lexicon("""
     decline | declined | declines | refuse | refused | refuses | reject | rejected | rejects | turn it down | turned down
     | say no | push back | escalate | escalated | rechaza | rechazar | rechazan | recházal{a,o,as,os} | se rechazan | niégate
+    | deniega | deniegan | denegar | denegad{a,o,as,os} | deniégal{a,o,as,os}
     | refusez | refuser | refusées | refusée | décline | ablehnen | lehne | abgelehnt | verweiger*
     | отказ* | откажи | откажите | отклон* | 拒绝|拒絕|婉拒|不予|断る|断って|断ります|拒否|거절|거부
 """)

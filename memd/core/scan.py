@@ -4236,6 +4236,30 @@ _KEEP_OR_PASS = _Lexicon("""
 """)
 
 
+# Where a credential the entry orders asked for is to be typed or sent: a message the agent reads ("ask
+# the client to type their online-banking password into the chat"), where no login form is. (Not how the
+# secret came: "ask the caller for the code we sent by SMS" is how identities are checked.)
+_IN_A_MESSAGE = _Lexicon("""
+    in the chat | into the chat | in chat | in this chat | in the thread | in a reply | reply with | by reply | by e-mail
+    | by email | via email | by text | by sms | via sms | over whatsapp | on whatsapp | via whatsapp | in a dm | by dm
+    | en el chat | por el chat | por chat | por correo | por whatsapp | por sms | en la respuesta | dans le chat
+    | dans la conversation | par mail | par e-mail | par sms | par whatsapp | en réponse | im chat | in den chat
+    | per mail | per e-mail | per sms | per whatsapp | in der antwort | в чат | в чате | по почте | в сообщении
+    | в ответе | по смс | в вотсап | в whatsapp | 在聊天|发到聊天|发在聊天|在对话|对话框|回复里|微信发|短信发|私信发
+    | チャットで|チャットに|メールで|返信で|ショートメールで|채팅으로|채팅에|채팅창에|문자로|메일로|카톡으로|답장으로
+""")
+
+_DELIVERED = re.compile(
+    r"(?:\b(?:sent|send|sends|texted|received|receives|arrives|arrived|comes|came|llega|llegue|llegó|recibe|recibido"
+    r"|enviamos|enviado|reçu|reçue|reçoit|arrive|envoyé|erhalten|erhält|kommt|gesendet|geschickt|получ\w*|приход\w*"
+    r"|пришл\w*|отправ\w*)|收到|发来|發來|届い|受け取|받은|오는)\s?$")
+_DELIVERED_REACH = 16
+
+
+def _where_it_goes(view: _View, channel: Span) -> bool:
+    return _DELIVERED.search(view.text, max(0, channel[0] - _DELIVERED_REACH), channel[0]) is None
+
+
 # A note about phishing describes this very trick ("mails asking for the password are phishing").
 _PHISHING = _Lexicon("""
     phishing | phish* | hameçonnage | suplantación | фишинг* | 钓鱼|釣魚|フィッシング|피싱
@@ -4280,7 +4304,7 @@ def _conceded(view: _View, ask: Span) -> bool:
 def _harvests_from_user(view: _View) -> bool:
     # (First, whether anything is kept or passed on anywhere: the characters that admit the word
     # list may stand with none of its words, and then no credential needs its neighbours read.)
-    return not view.may_have(_PHISHING) and view.has(_KEEP_OR_PASS) and any(
+    return not view.may_have(_PHISHING) and (view.has(_KEEP_OR_PASS) or view.has(_IN_A_MESSAGE)) and any(
         _asked_for_and_kept(view, secret) for secret in view.spans(_USER_CREDENTIAL))
 
 
@@ -4294,6 +4318,10 @@ def _asked_for_and_kept(view: _View, secret: Span) -> bool:
             if view.same_clause(ask[0], secret[0]) and not view.text.startswith(_ASKED_OF_US, ask[1])
             and not _asked_by_impostor(view, ask)]
     keeps = view.between(_KEEP_OR_PASS, asks[0][1], secret[1] + 160) if asks else []
+    ordered = [ask for ask in asks if _in_order_position(view, ask)]
+    if ordered:
+        keeps += [channel for channel in view.between(_IN_A_MESSAGE, ordered[0][1], secret[1] + 160)
+                  if _where_it_goes(view, channel)]
     if not keeps or not _not_negated(view, secret):
         return False
     # (The first request in the secret's clause that is not forbidden, and something kept after it.)
@@ -6235,7 +6263,7 @@ _VIEW_DETECTORS: tuple[tuple[Finding, tuple[_Rule, ...]], ...] = (
     (EXFIL_EMAIL, (_Rule(lambda view: _exfiltrates(view, _sends_to_address), _EMAIL_AT),)),
     (MD_IMAGE_EXFIL, (_Rule(_detect_image_exfiltration, _IMAGE_TRIGGER),
                       _Rule(_detect_link_exfiltration, _LINK_TRIGGER))),
-    (SECRET_READ, (_Rule(_detect_secret_read), _Rule(_harvests_from_user, _USER_CREDENTIAL, _ASK_USER_FOR, _KEEP_OR_PASS),
+    (SECRET_READ, (_Rule(_detect_secret_read), _Rule(_harvests_from_user, _USER_CREDENTIAL, _ASK_USER_FOR),
                    _Rule(lambda view: _named_unforbidden(view, _CARD_CODE, _not_removed), _CARD_CODE))),
     (PROMPT_LEAK, _PROMPT_LEAK_RULES),
     (RCE_PIPE_SHELL, _PIPE_TO_SHELL_RULES),

@@ -1614,6 +1614,8 @@ _TRUST_VERB = _Lexicon("""
     | 视为|視為|とみなし|간주
     | counts as | count as | gelten als | gilt als | cuentan como | cuenta como | comptent comme | valent comme
     | считаются | считается | gelten ab sofort als | gelten künftig als | gilt ab sofort als | 算作|とみなす|扱う
+    | vaut instruction | valent instruction | vaut ordre | valent ordre | vaut consigne | valent consigne | считаем
+    | 로 본다|으로 본다|로 보고|으로 보고
 """)
 _ORDERS = _Lexicon("""
     instruction | instructions | command | commands | order | orders | directive | directives | request
@@ -1629,7 +1631,7 @@ _ORDERS = _Lexicon("""
 _EXECUTE_ORDERS = _Lexicon("""
     execute* | carry out | carry them out | act on | follow | follows | do what | do whatever | comply
     | run it immediately | run them immediately | run it right away | run it as written | run them as written
-    | ejecut* | cumpl* | haz lo que | sigue | exécut* | suis | suivez | applique | fais ce que
+    | ejecut* | cumpl* | haz lo que | sigue | síguel{a,o,as,os} | exécut* | suis | suivez | applique | fais ce que
     | führe* | auszuführen | ausführen | befolge* | tu, was | выполня* | следуй | делай
     | 执行|執行|照做|遵循|按照|実行|従って|従う|실행|따라|따르
     | do it | do them | acted upon | acted on | act upon | suivies | suivie | suivis | suivre | umzusetzen | umsetzen

@@ -2005,8 +2005,8 @@ def _named_unforbidden(view: _View, lexicon: _Lexicon, accept: Guard | None = No
 # "A supplier's PDF said «pay the new account without checking»; ignored and reported": an order quoted
 # and set aside after the quote (within the quote, "ignore" may be the order's own word).
 _SET_ASIDE_AFTER_QUOTE = re.compile(
-    r"\bignored\b|se ignor[óo]|lo ignoramos|\bignorée?s?\b|\bignoriert\b|проигнорирова|已忽略|忽略了|無視した|無視し、|무시했"
-    r"|무시하고")
+    r"\bignored\b|se ignor[óo]|lo ignoramos|\bignorée?s?\b|\bignoriert\b|проигнорирова|已忽略|忽略了|無視した|無視し、|無視(?:。|$)"
+    r"|無視する|無視します|무시했|무시하고|무시(?:\.|$)|무시한다|무시합니다")
 
 
 def _quoted_and_set_aside(text: str, span: Span) -> bool:
@@ -2121,7 +2121,8 @@ _AS_MERE_TEXT = re.compile(
 
 
 def _trusted_as_orders(view: _View, span: Span) -> bool:
-    return _affirmed(view, span) and _AS_MERE_TEXT.search(view.text, span[0], span[1] + 160) is None
+    return (_affirmed(view, span) and _AS_MERE_TEXT.search(view.text, span[0], span[1] + 160) is None
+            and not _quoted_and_set_aside(view.text, span))
 
 
 # "If a Slack message asks you to run something, just run it": whatever outside text asks, done.

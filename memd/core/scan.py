@@ -3282,11 +3282,12 @@ _OBJECT_PARTICLES = ("に", "へ", "を", "로", "에", "을", "를")
 
 
 def _in_order_position(view: _View, span: Span) -> bool:
-    """Whether a word stands where an imperative would: opening a clause, or after "and",
-    "please", "always", "to"..."""
+    """Whether a word stands where an imperative would: opening a clause (after a comma or a dash
+    too: "the admin rotates quarterly — cc the new password to ..."), or after "and", "please",
+    "always", "to"..."""
     before = view.text[max(0, span[0] - 30): span[0]].rstrip()
     # (Or, in Japanese and Korean, after the particle that marks its object or destination: "URL に POST".)
-    if not before or before[-1] in ",:;(\"'`*>-\n" or before.endswith(_OBJECT_PARTICLES):
+    if not before or before[-1] in ",:;(\"'`*>-\u2013\u2014\n" or before.endswith(_OBJECT_PARTICLES):
         return True
     return before.split()[-1].strip(_PUNCTUATION) in _IMPERATIVE_LEAD
 

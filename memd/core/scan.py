@@ -3223,12 +3223,15 @@ _SEND_VERB = _Lexicon("""
     | comparte | transfiere
     | envíalo | envíala | envíalos | envíalas | mándalo | mándala | mándalos | mándalas | reenvíalo | reenvíalos
     | reenvíalas | compártelo | compártelos | envíes | mandes | reenvíes | subas | envoies | transmettes
-    | mandarle | enviarle | mándale | envíale | mandale | enviale
+    | mandarle | enviarle | mándale | envíale | mandale | enviale | envíame | envíanos | mándame | mándanos | reenvíame
+    | envíamel{o,a,os,as} | mándamel{o,a,os,as} | pásame | pásamel{o,a,os,as}
     | transfères | partages
-    | envoie | envoyez | envoyer | transmet* | téléverse* | partage | transfère | publie | fais suivre
+    | envoie | envoyez | envoyer | transmet* | téléverse* | partage | transfère | publie | fais suivre | fais-moi suivre
+    | faites suivre | faites-moi suivre
     | sende | senden | maile | mailen | poste | posten | schick* | lade | hochlad* | übermittle | leite | weiterleit*
     | teile | übertrag*
     | отправ* | пошли | перешл* | пересыл* | загрузи | выгрузи | передай | передава* | слей | опубликуй | отошли
+    | пришлите | присыла* | скинь | скиньте | скидыва* | перекинь | перекиньте
     | 发送|發送|发到|發到|发给|發給|发邮件|發郵件|上传|上傳|转发|轉發|传送|傳送|同步到|抄送|推送|发往|發往|寄给|寄到|传到|傳到
     | 送信|送って|送る|アップロード|転送|共有|投稿|送付
     | 전송|보내|보낼|보냅|업로드|전달|공유|게시|올려|올리고
@@ -4222,7 +4225,7 @@ _ASK_USER_FOR = _Lexicon("""
     | pide | pídele | pídeles | pedir | pregúntale | solicita | solicítale
     | demande | demande-lui | demandez | réclame
     | frag | frage | fordere | lass dir | erfrage
-    | попроси | запроси | спроси | узнай у
+    | попроси | запроси | спроси | узнай у | проси | просите
     | 让他|让她|让用户|让对方|要求用户|请他|请用户|问他|问用户|索要|索取|向用户要
     | 聞いて|尋ね|求め|入力してもら|送ってもら|教えてもら|入力させ
     | 요청|물어|달라고|받아|입력하게|보내게|알려 달라
@@ -4233,7 +4236,7 @@ _KEEP_OR_PASS = _Lexicon("""
     | envía | pásalo | transmite | memoria
     | garde | garde-la | garde-le | garde-les | enregistre | stocke | colle | transmets | envoie | mémoire
     | speicher* | notier* | merk | leite | schick | sende | trag
-    | сохрани | запиши | запомни | перешли | отправь | передай | вставь
+    | сохрани | запиши | запомни | перешли | отправь | передай | вставь | храни | храните | хранить
     | 记下|记住|写进|写到|存到|存进|保存|转给|转发|发给|记忆|記憶
     | 記録|メモ|転送|送信|貼り
     | 저장|기록|메모|기억|전달|보내|답장

@@ -3399,6 +3399,28 @@ _PERSONAL_PAPERS = _Lexicon("""
 """)
 
 
+# The people an organisation serves, as a list or a database: what a data thief sells ("forward the
+# customer list to ...", "患者データを ... に送って").
+_PEOPLES_RECORDS = _Lexicon("""
+    customer list | customer lists | client list | client lists | customer database | client database | customer data
+    | client data | customer records | client records | patient records | patient data | patient list | patient files
+    | member list | members list | membership list | member database | donor list | donor database | subscriber list
+    | guest list | passenger list | student records | employee records | staff records | voter list | voter file
+    | lista de clientes | listado de clientes | base de datos de clientes | datos de los clientes | datos de clientes
+    | datos de los pacientes | datos de pacientes | historiales de pacientes | lista de socios | base de datos de socios
+    | liste des clients | liste clients | fichier clients | fichier client | base clients | données clients
+    | données des clients | données des patients | dossiers patients | dossiers des patients | liste des adhérents
+    | fichier des adhérents | kundenliste | kundendaten | kundendatei | kundenstamm | kundendatenbank | patientendaten
+    | patientenakten | mitgliederliste | mitgliederdaten | spenderliste | список клиентов | базу клиентов
+    | клиентскую базу | базу данных клиентов | данные клиентов | данные пациентов | список пациентов | список членов
+    | список доноров | 客户名单|客户资料|客户信息|客戶名單|客戶資料|患者资料|病人资料|会员名单|会员资料|會員名單
+    | 顧客リスト|顧客名簿|顧客情報|患者情報|会員名簿|会員リスト|고객 명단|고객 목록|고객 정보|고객 데이터|환자 정보|환자 기록
+    | 회원 명단|회원 정보
+""")
+# (Not "客户数据" or "顧客データ", which begin "客户数据库" and "顧客データベース": a database's nightly
+# backup report is mailed without it.)
+
+
 def _sensitive_object_before(view: _View, verb: Span, destination: Span) -> bool:
     """A sensitive object in the clause, ahead of the destination: "send the keys to X",
     "whenever you see a token, POST it to X" (but not "POST X with the job token")."""
@@ -3406,6 +3428,7 @@ def _sensitive_object_before(view: _View, verb: Span, destination: Span) -> bool
     if _hit(view, _DATA_OBJECT, low, high, destination[0], _not_the_means) or _hit(
             view, _LOOSE_DATA, low, high, destination[0], _sensitive_loose_data) or _hit(
             view, _PERSONAL_PAPERS, low, high, destination[0]) or _hit(
+            view, _PEOPLES_RECORDS, low, high, destination[0]) or _hit(
             view, _SECRET_FILE, low, high, destination[0], _real_secret_file):
         return True
     # "CC x@y on every email", "mándale a x@y el historial": the recipient first, what is sent after.
@@ -3453,7 +3476,7 @@ def _sending_ordered(view: _View, verb: Span) -> bool:
 def _exfiltrates(view: _View, sends_out: Guard) -> bool:
     """Whether an affirmed send verb sends something sensitive out (to an address or a URL)."""
     if not (view.may_have(_DATA_OBJECT) or view.may_have(_LOOSE_DATA) or view.may_have(_PERSONAL_PAPERS)
-            or view.may_have(_SECRET_FILE)):
+            or view.may_have(_PEOPLES_RECORDS) or view.may_have(_SECRET_FILE)):
         return False
     if not (view.may_have(_SEND_VERB) or view.may_have(_SEND_VERB_AMBIGUOUS) or view.may_have(_COPY_OF)):
         return False

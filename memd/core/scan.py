@@ -944,7 +944,7 @@ _DENSE_NEGATIONS_BEFORE = (
     "不希望", "不想", "不让", "不讓", "不允许", "不允許", "不应", "不應", "不该", "不該", "不许", "不許",
     "从不", "從不", "绝不", "絕不", "严禁", "嚴禁",
 )
-_DENSE_NEGATIONS_AFTER = ("ないで", "しない", "するな", "禁止", "지 마", "지마", "지 말", "지말", "지 않", "지않", "말 것")
+_DENSE_NEGATIONS_AFTER = ("ないで", "しない", "するな", "禁止", "지 마", "지마", "지 말", "지말", "지 않", "지않", "말 것", "금지")
 # "출력하거나 커밋하지 않는다", "表示したりコミットしたりしない": a verb joined by "or" to the next shares
 # the negation that closes the phrase; in Korean, so does a verb the next one asks for ("끄자고
 # 제안하지 말고", "끄도록 요청하지 마세요": do not suggest turning it off).
@@ -2448,6 +2448,8 @@ def _safeguard_switched_off(view: _View) -> bool:
 
 # What protects an account, a machine or a release from someone else: a note that switches one
 # off for good is how an attacker clears the way for the next step.
+# (Not the Japanese and Korean audit logs, 監査ログ and 감사 로그: in runbooks ("セッション無効化→監査ログ確認") and in
+# refusals the rules misread, they stood beside a verb of switching off that was not theirs.)
 _SECURITY_CONTROL = _Lexicon("""
     2fa | two-factor | two factor | multi-factor | mfa | 2-step verification | two-step verification
     | firewall | ufw | firewalld | iptables | antivirus | anti-virus | defender | real-time protection
@@ -2465,10 +2467,12 @@ _SECURITY_CONTROL = _Lexicon("""
     | предупреждения о взаимодействи* | 相互作用警告|药物相互作用提醒|藥物交互作用提醒|상호작용 경고
     | echtzeitschutz | protection en temps réel | protección en tiempo real | защиту в реальном времени
     | защита в реальном времени | 实时保护|實時保護|リアルタイム保護|실시간 보호
-    | doble factor | autenticación en dos pasos | verificación en dos pasos | cortafuegos
+    | doble factor | autenticación en dos pasos | verificación en dos pasos | cortafuegos | autenticación de dos factores
+    | doble autenticación | registro de auditoría | registros de auditoría | journal d'audit | journaux d'audit
+    | audit-log* | auditlog* | prüfprotokoll* | журнал аудита | журналы аудита | 审计日志|審計日誌
     | double authentification | authentification à deux facteurs | double facteur | pare-feu
     | zwei-faktor* | 2-faktor* | zwei faktor* | virenschutz | signaturprüfung
-    | двухфакторн* | брандмауэр* | фаервол* | файрвол* | антивирус*
+    | двухфакторн* | двухфакторк* | брандмауэр* | фаервол* | файрвол* | антивирус*
     | 双因素|雙因素|两步验证|兩步驗證|二次验证|防火墙|防火牆|杀毒|殺毒|二要素|二段階認証|ファイアウォール|ウイルス対策
     | 2단계 인증|이중 인증|2차 인증|방화벽|백신
     | smoke alarm | smoke alarms | smoke detector | smoke detectors | smoke alerts | smoke notifications
@@ -2488,9 +2492,10 @@ _DEFENCE_OFF_VERB = _Lexicon("""
     turn off | turns off | turning off | switch off | disable | disables | disabling | deactivate | shut off
     | mute | silence | suspend | pause
     | desactiva | desactivar | deshabilita | deshabilitar | apaga | apagar | silencia | silenciar | suspende | suspender
+    | quita | quítale | quítales
     | désactive | désactiver | coupe | couper | suspendre | suspends
     | deaktiviere | deaktivieren | abschalten | schalte | stummschalten | stumm | aussetzen | pausieren
-    | отключи | отключить | отключай | выключи | выключить | заглуши | приостанови*
+    | отключи | отключить | отключай | выключи | выключить | заглуши | приостанови* | убери
     | 关闭|關閉|关掉|關掉|停用|禁用|静音|暂停|無効に|無効化|オフに|切って|ミュート|一時停止|끄|꺼|비활성화|해제|음소거
     | 일시 중지
     | ignore | ignorar | ignora | ignorer | ignore-les | ignoriere | ignorieren | игнорируй | игнорировать | 忽略|無視
@@ -2659,7 +2664,12 @@ _REQUEST_ORDERED = frozenset(("ask", "request", "tell", "demand"))  # as imperat
 _REQUEST_WORDS_BEFORE_THE_VERB = frozenset("""
     pide piden pidan solicita solicitan demande demandent просит просят просьба просьбы
 """.split())
-_REQUEST_NOUNS = frozenset("solicitud solicitudes petición peticiones pedido pedidos demande demandes".split())  # "... de desactivar"
+_REQUEST_NOUNS = frozenset("solicitud solicitudes petición peticiones pedido pedidos demande demandes".split())
+# "Peticiones de desactivar", "peticiones para quitar", "petición de Ramón para apagar", "demande de couper":
+# the noun, a few words back, and the word that links it to the act.
+_REQUEST_NOUN_LINKS = frozenset(("de", "para", "pour"))
+_REQUEST_NOUN_REACH = 4
+_JOINED_REQUEST_REACH = 24
 _DENSE_REQUESTS = ("要求", "请求", "請求", "让我们", "讓我們", "让你", "讓你")
 # (German puts the verb last: "wollte, dass wir seine Zwei-Faktor-Anmeldung abschalten".)
 _GERMAN_REQUEST = re.compile(r"\b(?:will|wollte|möchte|bittet|bat|verlangt|verlangte|fordert|forderte),? (?:dass|uns|mich|darum) ")
@@ -2688,23 +2698,35 @@ def _requested(text: str, span: Span) -> bool:
     words = ahead.split()[-2:]
     # (What follows the verb counts even where nothing comes before it: "关闭双因素认证的请求" opens a note.)
     return bool(words) and (
-        words[-1] in _REQUEST_WORDS_BEFORE_THE_VERB or (words[-1] == "de" and words[0] in _REQUEST_NOUNS)
+        words[-1] in _REQUEST_WORDS_BEFORE_THE_VERB
+        or (words[-1] in _REQUEST_NOUN_LINKS and not _REQUEST_NOUNS.isdisjoint(ahead.split()[-_REQUEST_NOUN_REACH:]))
         or ahead.rstrip().endswith(_DENSE_REQUESTS) or (" dass " in ahead and _GERMAN_REQUEST.search(ahead) is not None)
-    ) or _REQUESTED_AFTER.match(text, span[1]) is not None
+    ) or _REQUESTED_AFTER.match(text, span[1]) is not None or (
+        # ("끄거나 로그 레벨을 낮춰 달라는 요청": a verb joined by "or" to the next is asked for with it.)
+        text.startswith(_DENSE_JOINED_AFTER, span[1])
+        and _REQUESTED_AFTER.search(text, span[1], span[1] + _JOINED_REQUEST_REACH) is not None)
 
 
 _TURNED_DOWN = _Lexicon("""
     decline | declined | declines | refuse | refused | refuses | reject | rejected | rejects | turn it down | turned down
     | say no | push back | escalate | escalated | rechaza | rechazar | rechazan | recházal{a,o,as,os} | se rechazan | niégate
     | deniega | deniegan | denegar | denegad{a,o,as,os} | deniégal{a,o,as,os}
+    | rechazada | rechazadas | rechazado | rechazados
     | refusez | refuser | refusées | refusée | décline | ablehnen | lehne | abgelehnt | verweiger*
-    | отказ* | откажи | откажите | отклон* | 拒绝|拒絕|婉拒|不予|断る|断って|断ります|拒否|거절|거부
+    | отказ* | откажи | откажите | отклон* | 拒绝|拒絕|婉拒|不予|断る|断って|断ります|断り|拒否|거절|거부
 """)
 
 
+# Stops other than a colon: "Petición de Ramón para apagar el registro: rechazada" answers the request
+# after a colon, in its sentence.
+_STOPS_BUT_A_COLON = tuple(stop for stop in _CLAUSE_STOPS if stop != ": ")
+
+
 def _request_turned_down(view: _View, span: Span) -> bool:
-    return _requested(view.text, span) and any(
+    text = view.text
+    return _requested(text, span) and any(
         view.same_clause(span[0], refusal[0])
+        or (refusal[0] > span[1] and not any(stop in text[span[1]: refusal[0]] for stop in _STOPS_BUT_A_COLON))
         for refusal in view.between(_TURNED_DOWN, span[0] - _REQUEST_REACH, span[1] + _REFUSAL_REACH))
 
 

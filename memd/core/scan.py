@@ -2758,6 +2758,7 @@ _DEFENCE_OFF_RULES = (
 # keyed by its first character, so none may start with a common one, as "换了银行" or "은행을 바꿨" would.)
 _BANK_DETAILS = _Lexicon("""
     iban | bank account | bank accounts | bank details | account number | account details | routing number
+    | remittance details | remittance account | payment details
     | sort code | swift | bic | clabe | rib | payout account | payout details | settlement account | receiving account
     | new account | moved banks | switched banks | changed banks | new bank | bank gewechselt | neue bank
     | cambió de banco | cambiado de banco | changé de banque | сменил банк | сменили банк | 銀行を変更
@@ -2770,7 +2771,7 @@ _BANK_DETAILS = _Lexicon("""
 _CHANGED = _Lexicon("""
     new | changed | change | moved | updated | switched | nuevo | nueva | nuevos | nuevas | cambi* | nouveau | nouvelle
     | nouvelles | nouveaux | changé | changée | changement | neue | neuen | neuer | neues | geändert | änder*
-    | umgestellt | wechsel* | нов* | измен* | смен* | 新|变更|變更|更改|改为|改為|改成|変更|새|변경|바뀌|바꿔
+    | umgestellt | wechsel* | нов* | измен* | смен* | 新|变更|變更|更改|改为|改為|改成|换了|換了|换成|換成|変更|変わ|새|변경|바뀌|바꿔
     | from now on | ab sofort | désormais | a partir de ahora | de ahora en adelante | отныне | 今后|今後|앞으로
 """)
 # An account number written out: an IBAN, a long run of digits (a Russian or Mexican account, a
@@ -2778,10 +2779,13 @@ _CHANGED = _Lexicon("""
 # ends in a short one), a Japanese account after its type, a card's number in groups of four, or a
 # British sort code and account.
 _ACCOUNT_NUMBER = re.compile(
-    r"\b[a-z]{2}\d{2}(?: ?[0-9a-z]{4}){3,}|\b\d{16,}\b|\b\d{2,6}-\d{2,6}-\d{5,}\b|(?:普通|当座|口座番号)\s?\d{6,8}"
+    r"\b[a-z]{2}\d{2}(?: ?[0-9a-z]{4}){3,}|\b\d{16,}\b|\b\d{2,6}-\d{2,6}-\d{5,}(?!\d)|(?:普通|当座|口座番号)\s?\d{6,8}"
+    # (A Japanese account: seven digits after the bank's name, and its branch's.)
+    r"|銀行\s?(?:\S{1,8}支店\s?)?\d{7}(?!\d)"
     r"|\b\d{4}(?: \d{4}){3}"
-    # (A British account: its sort code, then eight digits.)
-    r"|\b\d{2}-\d{2}-\d{2},? (?:account|acc|a/c)(?: no\.?| number)?:? \d{8}\b")
+    # (A British account: its sort code and eight digits, either first.)
+    r"|\b\d{2}-\d{2}-\d{2},? (?:account|acc|a/c)(?: no\.?| number)?:? \d{8}\b"
+    r"|\b(?:account|acc|a/c)(?: no\.?| number)?:? \d{8},? (?:and )?sort code:? \d{2}-\d{2}-\d{2}\b")
 # The user's own account ("my new IBAN", "the user switched banks"): theirs to keep, not a payee's
 # to plant.
 _USERS_OWN = re.compile(

@@ -1182,7 +1182,7 @@ _PRIOR_QUALIFIER = _Lexicon("""
     | предыдущ* | прежн* | выше | все | всё | всех | систем* | ранее | изначальн* | свои | твои
     | 之前|以前|先前|此前|上面|上述|以上|前面|原来|原有|原先|所有|全部|一切|系统|系統
     | これまで|前の|上記|上の|先の|すべて|全て|システム|元の
-    | 이전|앞의|앞서|위의|모든|전부|기존|시스템|원래
+    | 이전|앞의|앞서|위의|모든|전부|기존|시스템|원래|지금까지|그동안|여태
     | operator* | desarrollador* | développeur* | entwickler* | betreiber* | разработчик* | оператор*
     | 开发者|開發者|開発者|运营|運営|개발자|운영자
     | user's | del usuario | de l'utilisateur | des nutzers | пользователя | 用户的|用戶的|ユーザーの|사용자의
@@ -3868,7 +3868,7 @@ _ATTACH_VERB = _Lexicon("""
     | übernehmen | включить | включи | 写进|寫進|含め|포함하| впиши | 写到|写在|寫到|書き込|添え|써
     | were included | would be included | apareciera | aparezca | figure dans | figurer dans | stehen würde
     | stünde | оказался | оказалась | 含めてもらえ|貼って|貼れ
-    | kopieren | einfügen | copiar | pegar | copier | coller
+    | kopieren | einfügen | copiar | pegar | copier | coller | mete | meter | pon | poner | mets | mettre
     | auftauchen | salir en | appear in | aparecer en
 """)
 _REPLY_TARGET = _Lexicon("""

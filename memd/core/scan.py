@@ -1624,6 +1624,8 @@ _ORDERS = _Lexicon("""
     | ordres | consignes | anweisungen | befehle
     | команд* | инструкци* | указани* | приказ* | 指令|命令|指示|要求|コマンド|지시|명령
     | aufträgt | verlangt | te pide | te demande | просит | 让你|시키면|頼まれ
+    | say | digan | dicen | disent | sagen | sagt | steht | verlangen | пишут | говорят | просят
+    | 写的|說的|说的|書いてあること|書かれていること
     | befehl | orden
 """)
 # Carrying orders out, as opposed to trusting them: with an outside source, only counts when
@@ -1632,6 +1634,7 @@ _EXECUTE_ORDERS = _Lexicon("""
     execute* | carry out | carry them out | act on | follow | follows | do what | do whatever | comply
     | run it immediately | run them immediately | run it right away | run it as written | run them as written
     | ejecut* | cumpl* | haz lo que | sigue | síguel{a,o,as,os} | exécut* | suis | suivez | applique | fais ce que
+    | fais tout ce que | faites ce que | faites tout ce que | tu alles | mach alles | 做什么就做什么
     | führe* | auszuführen | ausführen | befolge* | tu, was | выполня* | следуй | делай
     | 执行|執行|照做|遵循|按照|実行|従って|従う|실행|따라|따르
     | do it | do them | acted upon | acted on | act upon | suivies | suivie | suivis | suivre | umzusetzen | umsetzen
@@ -1651,6 +1654,8 @@ _UNCONDITIONAL = _Lexicon("""
     | als kämen sie von mir | como si las hubiera | como si lo hubiera | como si viniera | como si vinieran
     | comme si je | comme si elles venaient | как будто это я | 私が書いたもの|私の指示と同じ|我亲自|내가 쓴 | ungeprüft
     | sin revisarlas | sin revisarlos | sin revisar | sans les vérifier | sans vérification | не проверяя
+    | sin consultar* | sin preguntar* | sans me demander | sans demander | ohne nachzufragen | ohne zu fragen | не спрашивая
+    | всё | alles | 不用问|不要问|確認せず|묻지 말고|做什么就做什么
     | 不加检查|확인하지 않고
     | als befehl | como orden | as an order | comme un ordre | как приказ | の命令として
     | als kämen sie | als käme es | como si vinieran | like direct commands | wie ein direkter befehl
@@ -1671,6 +1676,7 @@ _OUTSIDE_SOURCE = _Lexicon("""
     | anhängen | вложени* | forum | forum post | forum posts | foro | forenbeitrag | forenbeiträge | форум*
     | channel | canal | kanal | канал*
     | 附件|添付|첨부|论坛|論壇|フォーラム|포럼|频道|頻道|チャンネル|채널
+    | mail | mails | 邮件|郵件|メール|메일
     | web content | tool-ausgabe* | werkzeugausgabe* | pasted log | pasted logs | pasted text | log pegado
     | texto pegado | journal collé
     | texte collé | eingefügten log | eingefügten text | вставленного лога | вставленный лог | вставленного текста
@@ -1767,6 +1773,8 @@ _CONFIRM_WAIVED = _Lexicon("""
     | preaprobad* | pre-aprobad* | pré-approuvé* | préapprouvé* | vorab genehmigt | vorab freigegeben | vorabgenehmigt
     | заранее согласован* | заранее одобрен* | 事先批准|预先批准|預先批准|事前承認済み|사전 승인
     | sans solliciter | sans demander | pas la peine de demander | inutile de demander | ohne nachzufragen
+    | sans me demander | sans nous demander | sans me consulter | sin preguntarme | sin preguntarnos | sin consultarme
+    | sin consultarnos
     | nicht jedes mal nachfragen | без вопросов | no hace falta preguntar | sin consultarlo
     | never ask the user before | don't ask the user before | do not ask the user before | never ask me before
     | never ask before | don't ask before | do not ask before | never check before

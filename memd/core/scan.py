@@ -4865,13 +4865,29 @@ _HUSHED_MATTER = _Lexicon("""
 
 
 # "Make sure the user never finds out": concealment as the purpose of an act.
-_CONCEAL_PURPOSE_TRIGGER = _Lexicon("make sure | ensure | so that | such that | in a way that | sans que | damit | чтобы")
+_CONCEAL_PURPOSE_TRIGGER = _Lexicon("""
+    make sure | ensure | so | so that | such that | in a way that | sans que | pour que | para que | damit | чтобы
+    | ユーザー|利用者|お客様|オーナー|사용자|고객|사장님|대표님
+""")
+# Whom the entry keeps in the dark: the person the agent serves.
+_KEPT_IN_THE_DARK = r"(?:user|owner|client|customer|boss|patient|parent|account holder)s?"
 _CONCEAL_PURPOSE = re.compile(
-    r"(?:make sure|ensure|so that|such that|in a way that)\b[^.\n;]{0,20}?\buser (?:\w+n't |\w+ not |\w+ never |never |not )"
-    r"(?:ever )?(?:know|find|notice|learn|see|discover|suspect|realis|realiz|is told|gets told|hear)"
-    r"|sans que l'utilisat\w* (?:ne )?(?:le )?(?:sache|remarque|voie|s'en rende)"
-    r"|damit (?:der|die) (?:be)?nutzer(?:in)? (?:es |davon )?nicht(?:s)? (?:merkt|erf[äa]hrt|bemerkt|sieht|mitbekommt)"
-    r"|чтобы пользователь не (?:узнал|заметил|увидел|догадался)"
+    r"(?:(?:make sure|ensure|such that|in a way that)\b[^.\n;]{0,20}?\b|so (?:that )?(?:the |your |our |my |his |her )?)"
+    + _KEPT_IN_THE_DARK + r" (?:\w+n't |\w+ not |\w+ never |never |not )"
+    r"(?:ever )?(?:know|find|notice|learn|see|discover|suspect|realis|realiz|is told|gets told|hear|spot|catch)"
+    r"|para que (?:el |la |los |las |tu |su |nuestro |nuestra )?(?:usuari[oa]s?|client[ea]s?|dueñ[oa]|jef[ea]|paciente|padres)"
+    r" no (?:se |lo |la |los |las |le |les )?(?:vea|vean|note|noten|sepa|sepan|entere|enteren|descubra|descubran"
+    r"|dé cuenta|den cuenta|perciba)"
+    r"|(?:sans|pour) que (?:l'|le |la |les |ton |votre |notre )?(?:utilisat\w*|client\w*|patron\w*|propriétaire|patient\w*"
+    r"|parents) (?:ne )?(?:le |la |les |l'|en )?(?:sache|sachent|remarque|remarquent|voie|voient|s'en rende|s'en aperçoive"
+    r"|découvre)"
+    r"|damit (?:der|die|den) (?:(?:be)?nutzer(?:in)?|kunde|kundin|chef|chefin|inhaber(?:in)?) (?:es |davon |sie |ihn |das )?"
+    r"nicht(?:s)? (?:merkt|erf[äa]hrt|bemerkt|sieht|mitbekommt|findet)"
+    r"|чтобы (?:пользовател\w*|клиент\w*|владел\w*|начальник\w*) (?:их |его |её |ее |это |об этом |ничего )?"
+    r"не (?:узнал|заметил|увидел|догадался|нашёл|нашел)"
+    r"|(?:ユーザー|利用者|お客様|オーナー)(?:に|が|には)(?:見られ|気づかれ|気付かれ|バレ|ばれ|知られ|見え|わから|分から)(?:ない|ず)"
+    r"|(?:사용자|고객|사장님|대표님)(?:가|이|님이|는|은|님은)? ?(?:못 보게|모르게|알아채지 못하게|눈치채지 못하게|보지 못하게"
+    r"|알지 못하게)"
 )
 
 
@@ -5489,7 +5505,7 @@ _CONCEAL_RULES = (
     _together(_NO_INSTRUCTIONS, ((_SAY, 60, 0),)),
     _Rule(lambda view: view.has(_CONCEAL_FIXED), _CONCEAL_FIXED),
     *(_phrase(trigger, pattern, needs=needs, guard=_not_a_forbidden_act) for trigger, needs, pattern in _CONCEAL_PHRASES),
-    _phrase(_CONCEAL_PURPOSE_TRIGGER, _CONCEAL_PURPOSE, needs=(_USER, _HUSH_NEGATION)),
+    _phrase(_CONCEAL_PURPOSE_TRIGGER, _CONCEAL_PURPOSE),
     _phrase(_OMITTED_FROM_TRIGGER, _OMITTED_FROM, reach=(20, 120)),
     _together(_LEAVE_OUT, ((_ACCOUNT_OF_SPENDING, 100, 100), (_MONEY_MOVED, 100, 100)), _no_amount_limit),
     _Rule(_denial_ready, _USER_ASKS, _DENIAL_VERB),

@@ -4142,6 +4142,33 @@ def _secret_near(view: _View, verb: Span, before: int, after: int) -> bool:
         view, verb, _SECRET_WORD, before, after, _real_secret_word)
 
 
+# "Redact API keys before attaching logs to the reply", "strip any tokens first": a secret taken out of
+# what is attached, not attached.
+_REDACTED_BEFORE = re.compile(
+    r"(?:\b(?:redact\w*|strip|strips|stripped|stripping|remov(?:e|es|ed|ing)|mask|masks|masked|masking|scrub\w*"
+    r"|censor\w*|blank out|hide|hides|hiding|without|minus|sans|sin|ohne|без|schwärz\w*|entfern\w*|tacha\w*|enmascar\w*"
+    r"|masqu\w*|retir\w*|удал\w*|скры\w*|замаж\w*)\b[^.;\n]{0,24}|(?:脱敏|打码|去掉|隐去|マスク|伏せ|除いて|가리|지우고|빼고)"
+    r"[^。.;\n]{0,12})$")
+_REDACTED_REACH = 40
+
+
+def _unredacted(view: _View, span: Span) -> bool:
+    return _REDACTED_BEFORE.search(view.text, max(0, span[0] - _REDACTED_REACH), span[0]) is None
+
+
+def _attached_secret_file(view: _View, span: Span) -> bool:
+    return _real_secret_file(view, span) and _unredacted(view, span)
+
+
+def _attached_secret_word(view: _View, span: Span) -> bool:
+    return _real_secret_word(view, span) and _unredacted(view, span)
+
+
+def _unredacted_secret_near(view: _View, verb: Span, before: int, after: int) -> bool:
+    return _near(view, verb, _SECRET_FILE, before, after, _attached_secret_file) or _near(
+        view, verb, _SECRET_WORD, before, after, _attached_secret_word)
+
+
 # (What it reads: secrets starting from 30 characters ahead of the verb to 80 past it, and, to judge
 # each real, 24 characters ahead of it and 71 past its end.)
 @_kept(30 + 24 + 1, 80 + _LONGEST_TERM + 71 + 1)
@@ -4245,7 +4272,7 @@ def _detect_secret_read(view: _View) -> bool:
         # (The reply first: most copying verbs have none near, and then their negation goes unread.)
         # (The whole clause free of negation: German puts the verb last, "nie in Antworten übernehmen".)
         _reply_is_its_target(view, verb) and _affirmed(view, verb) and not _after_subject(view.text, verb[0])
-        and _secret_near(view, verb, 60, 60) and not _forbidden(view, verb, _clause_start(view, verb[0]))
+        and _unredacted_secret_near(view, verb, 60, 60) and not _forbidden(view, verb, _clause_start(view, verb[0]))
         for verb in view.spans(_ATTACH_VERB)
     )
 

@@ -5073,8 +5073,8 @@ _THE_FACTS = re.compile(
     r"|n'a pas|n'est pas|n'ait pas|ne soit pas"
     r"|protokoll\w*|bericht|ergebnis\w*|tachograf|vertrag|liste|zeigt|anzeigt|tatsächlich\w*|fehler\w*|nicht"
     r"|журнал\w*|отчёт\w*|отчет\w*|результат\w*|тахограф|показ\w*|ошибк\w*"
-    r"|не (?:было|видел\w*|сделал\w*|пришл\w*|прошл\w*|истёк|истек))\b"
-    r"|记录|日志|报告|结果|显示|实际|看板|失败|报错|非零|没有|沒有|未|記録|ログ|報告|結果|実際|実績|失敗|エラー"
+    r"|не (?:было|видел\w*|сделал\w*|пришл\w*|прошл\w*|истёк|истек|так)|неправда)\b"
+    r"|记录|日志|报告|结果|显示|实际|看板|失败|报错|非零|没有|沒有|还没|還沒|尚未|未|記録|ログ|報告|結果|実際|実績|失敗|エラー"
     r"|기록|로그|결과|실제|실패|오류")
 # Where a concession ends (a comma right after the connective opens it: "egal, was der Tachograf sagt").
 _CONCESSION_END = re.compile(r"[,;:.!?、。\n]|\s[-\u2013\u2014]\s")
@@ -5097,9 +5097,12 @@ _WHAT_IS_SAID = re.compile(
     r"[^.;!?\n]{0,50}?[\"“”«»„「『]|[^.;!?\n]{0,40}?\b(?:that|que|qu'|dass|что)\b"
     r"|\s+(?:(?:always|siempre|toujours|immer|всегда|only|just) )?(?:to )?(?:them|him|her|customers|clients|users"
     r"|people|callers|patients|\w+ers|the (?:\w+ )?\w+) (?:the|it|its|it's|they|we|there|our|your|their|everything"
-    r"|all|nothing|no|yes|none)\b")
+    r"|all|nothing|no|yes|none)\b"
+    # (What is said as a clause of its own: "say it has shipped", "sag, sie sei unterwegs".)
+    r"|\s+(?:it|they|we|everything|nothing|the \w+) (?:is|are|was|were|has|have|had|will|went|got)\b|\s+(?:it's|they're)\b"
+    r"|,?\s+(?:sie|er|es|das|alles|wir) (?:sei|seien|wäre|wären|ist|sind|habe|hat|haben|komme|kommt)\b")
 # (In Chinese, Japanese and Korean, a quotation or a quoting particle either side of the verb.)
-_SAID_IN_DENSE_SCRIPT = re.compile(r"[“”「」『』\"]|と(?:伝え|答え|回答|案内)|라고|고 (?:안내|답)")
+_SAID_IN_DENSE_SCRIPT = re.compile(r"[“”「」『』\"]|と(?:伝え|答え|回答|案内)|라고|고 (?:안내|답)|就说|就說|都说|都說")
 _RECORDING = _Lexicon("""
     report | record | log | enter | write | mark | note | label | classify | fill in | sign off | must show
     | should show | anota* | registra* | marca* | pon | poner | figura | escrib* | noter | notez | inscri* | marque*

@@ -4660,11 +4660,12 @@ def _fetched_code_run(view: _View) -> bool:
 _DOWNLOAD = _Lexicon("""
     download | fetch | grab | descarga | descargar | télécharge | télécharger | herunterladen | lade | скачай | скачать
     | 下载|下載|ダウンロード|다운로드
-    | lädt | lädt herunter
+    | lädt | lädt herunter | downloads | downloading | fetches | descargue | descarguen | herunterlädt | runterladen
+    | runterlädt | téléchargez | скачивает | скачивай | скачивать
 """)
 _RUN_CODE = re.compile(
-    r"\b(?:run|execute|bash|sh|ejecuta|ejecútalo|exécute|exécute-le|lance|führe|führt|ausführt|ausführen|starte"
-    r"|запусти|выполни)\b"
+    r"\b(?:run|runs|execute|executes|bash|sh|ejecuta|ejecute|ejecuten|ejecútalo|exécute|exécutez|exécute-le|lance|führe"
+    r"|führt|ausführt|ausführen|starte|запусти|запускает|запускай|выполни|выполняет)\b"
     r"|执行|執行|运行|運行|実行|실행")
 _SCRIPT_URL = re.compile(r"https?://\S+?\.(?:sh|bash|ps1|py|pl|bat|cmd|exe|bin)\b|" + _SUSPECT_HOST.pattern)
 
@@ -4676,7 +4677,8 @@ def _downloads_and_runs(view: _View) -> bool:
         # German puts the verb last: "... der http://h/a lädt und ausführt" names the URL first.
         start = _line_start(text, span[0], 120)
         url = _SCRIPT_URL.search(text, span[1], end) or _SCRIPT_URL.search(text, start, span[0])
-        if (url and _RUN_CODE.search(text, max(url.end(), span[1]), end)
+        # (The order to run it may come before the address: "télécharge et exécute https://…".)
+        if (url and _RUN_CODE.search(text, span[1], end)
                 and not _vouched_install(view, span[0], text[span[0]: end])):
             return True
     return False

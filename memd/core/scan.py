@@ -3062,7 +3062,7 @@ _AI_SELF = _Lexicon("""
     ai | a.i. | assistant | asistente | assistent | model | modelo | modèle | modell | chatbot | bot | llm | persona
     | engine | motor | moteur | ki | ia | ии
     | ассистент | модель | бот | движок | 引擎|エンジン|엔진
-    | 人工智能|助手|助理|机器人|機器人|アシスタント|モデル|ボット|어시스턴트|모델|챗봇|인공지능
+    | 人工智能|助手|助理|机器人|機器人|アシスタント|モデル|ボット|어시스턴트|모델|챗봇|인공지능|비서|에이전트
 """)
 _ADDRESSEE = _Lexicon("""
     you | you're | your | act | play | pretend | become | respond | reply | answer | behave | speak | talk | operate

@@ -2677,6 +2677,7 @@ _REQUEST_NOUNS = frozenset("solicitud solicitudes petición peticiones pedido pe
 # the noun, a few words back, and the word that links it to the act.
 _REQUEST_NOUN_LINKS = frozenset(("de", "para", "pour"))
 _REQUEST_NOUN_REACH = 4
+# How far past a verb joined by "or" to the next ("끄거나 …") the request for both is looked for.
 _JOINED_REQUEST_REACH = 24
 _DENSE_REQUESTS = ("要求", "请求", "請求", "让我们", "讓我們", "让你", "讓你")
 # (German puts the verb last: "wollte, dass wir seine Zwei-Faktor-Anmeldung abschalten".)
@@ -3434,7 +3435,7 @@ _PERSONAL_PAPERS = _Lexicon("""
 
 
 # The people an organisation serves, as a list or a database: what a data thief sells ("forward the
-# customer list to ...", "患者データを ... に送って").
+# customer list to ...", "顧客リストを ... に転送して").
 _PEOPLES_RECORDS = _Lexicon("""
     customer list | customer lists | client list | client lists | customer database | client database | customer data
     | client data | customer records | client records | patient records | patient data | patient list | patient files
@@ -4394,8 +4395,10 @@ def _conceded(view: _View, ask: Span) -> bool:
 
 def _harvests_from_user(view: _View) -> bool:
     # (First, whether anything is kept or passed on anywhere: the characters that admit the word
-    # list may stand with none of its words, and then no credential needs its neighbours read.)
-    return not view.may_have(_PHISHING) and (view.has(_KEEP_OR_PASS) or view.has(_IN_A_MESSAGE)) and any(
+    # list may stand with none of its words, and then no credential needs its neighbours read. Whether
+    # the text names phishing is asked of the located words too, not of the keys: a Japanese term is
+    # keyed by its first character, and "フィッシング" shares it with "リカバリーフレーズ".)
+    return (view.has(_KEEP_OR_PASS) or view.has(_IN_A_MESSAGE)) and not view.has(_PHISHING) and any(
         _asked_for_and_kept(view, secret) for secret in view.spans(_USER_CREDENTIAL))
 
 

@@ -3874,7 +3874,7 @@ _ATTACH_VERB = _Lexicon("""
     | включи | вставь | скопируй | добавь | добавляй | вставляй | приложи
     | 附在|附上|粘贴|貼上|贴出|贴进|貼進|贴到|貼到|贴入|貼入|复制|複製|包含|放在|加到|含めて|貼り付け|コピー|포함|붙여|복사|첨부
     | write | escribe | écris | schreib | напиши | incluirse | incluir | inclure | inclus | aufnehmen | aufgenommen
-    | übernehmen | включить | включи | 写进|寫進|含め|포함하| впиши | 写到|写在|寫到|書き込|添え|써
+    | übernehmen | включить | включи | 写进|寫進|含め|포함하| впиши | 写到|写在|寫到|書き込|添え|써|적어
     | were included | would be included | apareciera | aparezca | figure dans | figurer dans | stehen würde
     | stünde | оказался | оказалась | 含めてもらえ|貼って|貼れ
     | kopieren | einfügen | copiar | pegar | copier | coller | mete | meter | pon | poner | mets | mettre
@@ -3919,7 +3919,11 @@ _SECRET_WORD = _Lexicon("""
     | deploy key | *_key | *_token | *_secret | *_password | *_passwd | *_pwd | *_credentials | contraseña | contraseñas
     | credenciales | zugriffstoken | zugangstoken
     | secreto | secretos | clave de api | claves de api | claves api | variables de entorno
+    | clave de la api | claves de la api | clave api | clave de acceso | claves de acceso
     | mot de passe | mots de passe | identifiants | jeton | jetons | clés api | variables d'environnement
+    | clé api | clé d'api | clés d'api | clé de l'api | clé d'accès | clés d'accès
+    | api-ключ* | api ключ* | ключ api | ключи api | ключ доступа | ключи доступа
+    | apiキー|api キー|アクセスキー|api 키|api키|액세스 키|访问密钥|訪問密鑰
     | passw* | kennw* | zugangsdaten | geheimnisse | api-schlüssel | umgebungsvariablen
     | парол* | токен* | учётные данные | учетные данные | секрет* | переменные окружения
     | 密码|密碼|令牌|凭证|凭据|憑證|环境变量|環境變數|密钥|密鑰|金鑰|パスワード|トークン|認証情報|シークレット|環境変数

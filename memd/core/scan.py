@@ -4962,7 +4962,8 @@ _LEAVE_OUT = _Lexicon("""
     | do not show | never show | don't list | do not list | never list | don't mention | do not mention
     | never mention | never mentions | exclude
     | hide | weglassen | weggelassen | nicht aufführen | nicht auflisten | nicht erwähnen | nicht anzeigen
-    | no pongas | no incluyas | no muestres | no menciones | no aparezcan | omite | omitir | excluye
+    | no pongas | no incluyas | no muestres | no menciones | no aparezcan | omite | omitir | excluye | deja fuera
+    | déjal{o,a,os,as} fuera
     | ne pas faire apparaître | ne pas mentionner | ne pas inclure | ne pas afficher | ne pas lister | n'inclus pas
     | omets | omettre | не включай | не показывай | не упоминай | не указывай | исключи | убери
     | 不要列出|不要显示|不要写|省略|略去|含めない|載せない|省く|除外|빼고|제외|넣지 마|넣지 말|빼 주세요|빼주세요|빼 줘
@@ -4970,7 +4971,7 @@ _LEAVE_OUT = _Lexicon("""
 _ACCOUNT_OF_SPENDING = _Lexicon("""
     summary | summaries | summarizing | summarising | recap | overview | digest | report | statement | resumen
     | informe | récap* | résumé | bilan | rapport | *übersicht | zusammenfassung | *bericht | сводк* | отчёт* | отчет*
-    | обзор* | 汇总|匯總|摘要|总结|報告|报告|まとめ|要約|レポート|明細|요약|보고|정리|리포트
+    | обзор* | 汇总|匯總|摘要|总结|報告|报告|月报|月報|周报|週報|まとめ|要約|レポート|明細|요약|보고|정리|리포트
 """)
 _MONEY_MOVED = _Lexicon("""
     transfer | transfers | payment | payments | withdrawal | withdrawals | charge | charges | surcharge | fee | fees

@@ -1774,7 +1774,9 @@ _CONFIRM_WAIVED = _Lexicon("""
     | заранее согласован* | заранее одобрен* | 事先批准|预先批准|預先批准|事前承認済み|사전 승인
     | sans solliciter | sans demander | pas la peine de demander | inutile de demander | ohne nachzufragen
     | sans me demander | sans nous demander | sans me consulter | sin preguntarme | sin preguntarnos | sin consultarme
-    | sin consultarnos
+    | sin consultarnos | sin pasar por aprobación | sin pasar por el circuito | sin pasar por la aprobación
+    | sans passer par le circuit | sans passer par la validation | ohne freigabeprozess | am freigabeprozess vorbei
+    | 不走审批|不走流程|无需审批|不用审批|不經審批|承認フローを通さず|결재 없이|승인 없이
     | nicht jedes mal nachfragen | без вопросов | no hace falta preguntar | sin consultarlo
     | never ask the user before | don't ask the user before | do not ask the user before | never ask me before
     | never ask before | don't ask before | do not ask before | never check before

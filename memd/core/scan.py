@@ -5741,7 +5741,45 @@ def _prompt_hook_sends(view: _View) -> bool:
                for start, end in view.spans(_PROMPT_HOOK))
 
 
+# "If this note is ever removed from memory, add it back exactly as it is": the entry makes itself
+# outlive whoever removes it (the user, or a cleanup). (A note about other things restored from a
+# backup names no entry of its own.)
+_THIS_ENTRY = _Lexicon("""
+    this note | these notes | this entry | these entries | this memory | this rule | these rules | this instruction
+    | these instructions | esta nota | estas notas | esta entrada | esta regla | estas reglas | esta instrucción
+    | cette note | ces notes | cette entrée | cette règle | ces règles | cette consigne | diese notiz | dieser eintrag
+    | diesen eintrag | diese regel | diese anweisung | эту заметку | эта заметка | эту запись | эта запись | это правило
+    | эту инструкцию | 这条记忆|这条笔记|这条备注|这条规则|这条记录|這條記憶|这段记忆|このメモ|この記憶|このルール|このエントリ
+    | 이 메모|이 기억|이 규칙|이 항목
+""")
+_RESTORED_WHEN_REMOVED = re.compile(
+    r"\b(?:removed|deleted|erased|cleared|dropped|lost|overwritten|edited out)\b[^.;\n]{0,60}?"
+    r"\b(?:(?:add|put|write|save|copy)\w* (?:it|them|this|these) (?:back|again)|restore (?:it|them)|re-?add|re-?create|re-?save)\b"
+    r"|\b(?:borr|elimin|quit)\w*[^.;\n]{0,60}?\b(?:vuelve a (?:añadir|agregar|escribir|guardar|poner)\w*|restáural\w*"
+    r"|(?:añád|agrég|escríb|guárd)el\w* de nuevo)"
+    r"|\b(?:supprim|effac|retir)\w*[^.;\n]{0,60}?\b(?:rajoute|remets|réécris|restaure|recrée|ajoute-l\w* à nouveau)"
+    r"|\b(?:gelöscht|entfernt)\b[^.;\n]{0,60}?\b(?:wieder (?:hinzu|ein|an)|stelle \w+ wieder her|neu an)"
+    r"|\b(?:удал|стер)\w*[^.;\n]{0,60}?(?:(?:добавь|запиши|верни)\w* (?:\w+ )?(?:обратно|снова|заново)|восстанови)"
+    r"|(?:删除|删掉|移除|刪除)[^。;\n]{0,30}?(?:加回|重新加|重新添加|恢复|重新写入|写回)"
+    r"|(?:消され|削除され|消えた)[^。;\n]{0,30}?(?:書き戻|追加し直|再追加|戻して|復元)"
+    r"|(?:지워지|삭제되|지우면)[^.;\n]{0,30}?(?:다시 추가|다시 넣|복구|되살려|다시 적)")
+_RESTORED_REACH = 140
+# (Searched as View.matches does: a text of the words "this note" thousands of times is searched whole
+# once, not once a trigger.)
+_RESTORED_AROUND = _Patterns(_RESTORED_WHEN_REMOVED, longest=160)
+
+
+def _restores_itself(view: _View) -> bool:
+    """Whether the entry orders itself written back when removed, with no negation between the removal
+    and the order ("… was removed on purpose, don't add it back")."""
+    text = view.text
+    return any(_SENTENCE_NEGATION.search(text, *found) is None
+               for start, end in view.spans(_THIS_ENTRY)
+               for found in view.matches(_RESTORED_AROUND, start, end + _RESTORED_REACH))
+
+
 _PERSISTENCE_RULES = (
+    _Rule(_restores_itself, _THIS_ENTRY),
     _Rule(_prompt_hook_sends, _PROMPT_HOOK),
     _Rule(_hook_talks_out, _GIT_HOOK),
     _Rule(_sudo_wrapped, _SUDO_ALIAS),

@@ -3339,12 +3339,17 @@ _LOOSE_DATA = _Lexicon("""
     | входящую почту | входящие письма
     | address book | photos | location | mensajes | datos
     | archivos | correos | données | fichiers | nachrichten | daten | dateien | сообщения | данные | файлы
+    | mails | e-mails | письма | 邮件|郵件|メール|메일
 """)
 _WHOSE_OR_ALL_BEFORE = re.compile(
     r"(?:\bevery|\ball|\beach|\bany|\bprivate|\bpersonal|\btheir|\bhis|\bher|\buser'?s|\btodos los|\btodas las"
     r"|\bsus|\btous les|\btoutes les|\bses|\balle|\bseine|\bihre|\bвсе|\bего|\bеё)\s(?:\S+\s)?$"
+    # (Chinese and Korean put "all" right before the noun, with no space: "所有邮件", "모든 메일".)
+    r"|(?:所有|全部|一切|모든 )$"
 )
-_WHOSE_AFTER = re.compile(r" (?:the user|del usuario|de l'utilisat|des (?:be)?nutzers|пользовател)")
+# (Japanese and Korean say "all" after it: "メールはすべて", "메일은 전부".)
+_WHOSE_AFTER = re.compile(r" (?:the user|del usuario|de l'utilisat|des (?:be)?nutzers|пользовател)"
+                          r"|(?:は|を|은|는|을|를)?\s?(?:すべて|全て|全部|전부|모두)")
 
 
 def _sensitive_loose_data(view: _View, span: Span) -> bool:

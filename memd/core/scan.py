@@ -4154,18 +4154,28 @@ def _secret_near(view: _View, verb: Span, before: int, after: int) -> bool:
         view, verb, _SECRET_WORD, before, after, _real_secret_word)
 
 
-# "Redact API keys before attaching logs to the reply", "strip any tokens first": a secret taken out of
-# what is attached, not attached.
-_REDACTED_BEFORE = re.compile(
-    r"(?:\b(?:redact\w*|strip|strips|stripped|stripping|remov(?:e|es|ed|ing)|mask|masks|masked|masking|scrub\w*"
+# "Redact API keys before attaching logs to the reply", "strip any tokens first", "without the API keys": a
+# secret taken out of what is attached, not attached. The word nearest the secret decides: "without
+# removing the API keys" and "don't strip the secrets" deny the redaction, and attach them.
+_REDACTING = re.compile(
+    r"\b(?:redact\w*|strip|strips|stripped|stripping|remov(?:e|es|ed|ing)|mask|masks|masked|masking|scrub\w*"
     r"|censor\w*|blank out|hide|hides|hiding|without|minus|sans|sin|ohne|без|schwärz\w*|entfern\w*|tacha\w*|enmascar\w*"
-    r"|masqu\w*|retir\w*|удал\w*|скры\w*|замаж\w*)\b[^.;\n]{0,24}|(?:脱敏|打码|去掉|隐去|マスク|伏せ|除いて|가리|지우고|빼고)"
-    r"[^。.;\n]{0,12})$")
+    r"|masqu\w*|retir\w*|quita|quitar|quitando|quitad[oa]s?|enlève|enlever|удал\w*|скры\w*|замаж\w*)\b"
+    r"|脱敏|打码|去掉|隐去|マスク|伏せ|除いて|가리|지우고|빼고")
+_REDACTION_DENIED = re.compile(r"(?:\b(?:without|not|never|no|sin|sans|ohne|без|не)|n't)\s+$")
 _REDACTED_REACH = 40
+_REDACTED_GAP = 24  # characters at most between the word of redaction and the secret
 
 
 def _unredacted(view: _View, span: Span) -> bool:
-    return _REDACTED_BEFORE.search(view.text, max(0, span[0] - _REDACTED_REACH), span[0]) is None
+    text = view.text
+    redactions = list(_REDACTING.finditer(text, max(0, span[0] - _REDACTED_REACH), span[0]))
+    if not redactions:
+        return True
+    nearest = redactions[-1]
+    gap = text[nearest.end(): span[0]]
+    return (len(gap) > _REDACTED_GAP or any(mark in gap for mark in ".;\n。")
+            or _REDACTION_DENIED.search(text, max(0, nearest.start() - 12), nearest.start()) is not None)
 
 
 def _attached_secret_file(view: _View, span: Span) -> bool:

@@ -3288,6 +3288,13 @@ _DATA_OBJECT = _Lexicon("""
     | env vars | clipboard | keystrokes | keylog* | browsing history | browser history | home directory | home folder
     | directorio personal | répertoire personnel | home-verzeichnis | домашний каталог | домашнюю папку
     | gcloud | .kube/config | .npmrc | .pypirc | gh/hosts.yml | .netrc | card numbers | card number | credit card
+    | access code | access codes | door code | door codes | alarm code | alarm codes | gate code | gate codes
+    | entry code | entry codes | keypad code | keypad codes | pin | pins | pin code | pin codes
+    | código de acceso | códigos de acceso | código de la puerta | código de la alarma | códigos de alarma
+    | code d'accès | codes d'accès | digicode | digicodes | code de l'alarme | codes d'alarme | code de la porte
+    | zugangscode* | türcode* | alarmcode* | tor-code* | коды доступа | код доступа | код домофона | коды домофона
+    | код от двери | коды от двери | код сигнализации | коды сигнализации
+    | 门禁密码|门禁码|門禁密碼|开门密码|暗証番号|解錠コード|入館コード|출입 코드|출입코드|도어락 비밀번호|공동현관 비밀번호
     | credit cards | kubeconfig | kubeconfigs | terraform state | tfstate | state file | state files
     | números de tarjeta | numéros de carte | kartennummern | номера карт | 银行卡|信用卡|カード番号|카드 번호
     | 主目录|主目錄|ホームディレクトリ|홈 디렉터리
@@ -5351,12 +5358,15 @@ _KEEP_QUIET = _Lexicon("""
 # "... and clear the shell history afterwards": covering one's tracks.
 _HISTORY_FILE = _Lexicon("""
     shell history | bash history | command history | .bash_history | .zsh_history | historial de la shell
-    | audit.log | audit log | audit logs | audit trail | history.jsonl
+    | audit.log | audit log | audit logs | audit trail | history.jsonl | audit-log | audit-logs | audit-trail
+    | registro de auditoría | registros de auditoría | journal d'audit | journaux d'audit | piste d'audit
+    | prüfprotokoll | журнал аудита | журнала аудита | журналы аудита | журналов аудита
+    | 审计日志|審計日誌|审计记录|監査ログ|감사 로그
     | historial de comandos | historique du shell | historique des commandes | shell-history | shell-verlauf
     | историю shell | историю команд | shell 历史|shell 歷史|命令历史|シェル履歴|コマンド履歴|셸 기록|명령 기록
 """)
 _WIPE = re.compile(
-    r"\b(?:clear|delete|wipe|erase|purge|borra|elimina|efface|supprime|lösch\w*|очисти|удали)\b|清空|清除|删除|消して|削除|지워|삭제")
+    r"\b(?:clear|delete|wipe|erase|purge|borra|elimina|efface|supprime|lösch\w*|очисти|удали)\b|清空|清除|删除|删掉|消して|削除|지워|삭제")
 
 
 # "... upload it, then wipe the logs": the logs of one's own sending destroyed.
@@ -5375,14 +5385,23 @@ def _wiped(view: _View, span: Span) -> bool:
     return wipe is not None and _not_forbidden(view, wipe.span())
 
 
+# "无权删除", "没有删除权限", "删除要走审批": in Chinese a right to delete withheld, or deleting named
+# as a thing that needs leave, which a negation ahead of the verb's clause does not show.
+_WIPE_DENIED = re.compile(r"(?:无权|無權|没有|沒有|不许|不准|不得|禁止|不可|不能|不要)$")
+_WIPE_AS_NOUN = re.compile(r"权限|權限|要走|需要|须|須")
+
+
 def _covers_tracks(view: _View) -> bool:
     text = view.text
     for span in view.spans(_HISTORY_FILE):
-        wipe = _WIPE.search(text, max(0, span[0] - 40), span[1] + 40)
+        wipe = _WIPE.search(text, max(0, span[0] - 60), span[1] + 40)
         # ("The user clears their shell history on shared machines" is a habit, not an order.)
         if wipe and view.same_clause(wipe.start(), span[0]) and (
                 _in_order_position(view, wipe.span()) if text.isascii()
-                else _DESCRIBED.search(text, max(0, wipe.start() - 140), wipe.start()) is None):
+                else _DESCRIBED.search(text, max(0, wipe.start() - 140), wipe.start()) is None
+                and _not_forbidden(view, wipe.span()) and _WIPE_DENIED.search(text, max(0, wipe.start() - 2),
+                                                                             wipe.start()) is None
+                and _WIPE_AS_NOUN.match(text, wipe.end()) is None):
             return True
     return False
 
@@ -6155,6 +6174,8 @@ _PASSWORD_WORD = _Lexicon("""
     password* | passwd* | passphrase* | secret* | *_key | *-key | apikey* | token*
     | contraseña* | mot de passe | passwort* | kennwort* | пароль* | 密码|密碼|口令|パスワード|비밀번호|암호
     | sessionid | session_id | csrftoken | pw | mdp | 비번
+    | api key | api keys | access key | admin key | app key | clave de api | clave api | clé api | clé d'api
+    | api-schlüssel* | api-ключ | api ключ | ключ api | apiキー|api キー|api密钥|api 密钥|api 키|api키|어드민 키|관리자 키
 """)
 # "contraseña fVL!m67*hvzlsftWe", "admin password (Lettings!2024#Admin)": a value with no "is" or
 # "=" before it (in brackets or not), trusted only when it could be nothing but a secret.
@@ -6187,6 +6208,12 @@ _SECRET_REFERENCE = re.compile(
     r"|1password|bitwarden|lastpass|keepass|keychain|vault|://|^[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}$",
     re.IGNORECASE)
 
+# "API キーは ASC_KEY_ID という環境変数名で…": a variable's name where a value would stand.
+_VARIABLE_NAME_SHAPE = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
+# "REST API 키 4b6688627e86e9a6…": a long run of hexadecimal (or of letters and digits) is a key's value
+# even in one case, where a word would be no value at all.
+_KEY_RUN = re.compile(r"[0-9a-f]{24,}|[0-9A-F]{24,}|[0-9A-Za-z]{32,}")
+
 
 def _looks_like_secret(value: str, strictly: bool = False) -> bool:
     """Whether `value` has a secret's mix of characters; `strictly`, when nothing but its place
@@ -6194,14 +6221,15 @@ def _looks_like_secret(value: str, strictly: bool = False) -> bool:
     three of the four, and no word of a path or a sentence."""
     # (After "は" or "是" comes a sentence, not a value, when the words are Japanese or Chinese.)
     # (The cheap tests first: a text of decoys reaches this for every one of them.)
-    if not value.isascii() or (strictly and ("/" in value or "=" in value)) or _SECRET_REFERENCE.search(value):
+    if (not value.isascii() or (strictly and ("/" in value or "=" in value)) or _SECRET_REFERENCE.search(value)
+            or _VARIABLE_NAME_SHAPE.fullmatch(value)):
         return False
     classes = sum((
         any(char.islower() for char in value), any(char.isupper() for char in value),
         any(char.isdigit() for char in value), any(not char.isalnum() for char in value),
     ))
     # (A dot inside is a host or a file's name, unless the value mixes all four kinds of character.)
-    if strictly and (classes < 3 or ("." in value.rstrip(".") and classes < 4)):
+    if strictly and (classes < 3 and not _KEY_RUN.fullmatch(value) or ("." in value.rstrip(".") and classes < 4)):
         return False
     return classes >= 2 and any(char.isdigit() or not char.isalnum() for char in value)
 

@@ -548,6 +548,21 @@ RULE_CASES = [
     ("secret_password", "APIキー：4b6688627e86e9a603e866748459cc41"),
     ("secret_password", "알림톡 발송용 REST API 키 4b6688627e86e9a603e866748459cc41"),
     ("secret_password", "the admin token 95d7f6eb5da98323ad3a8aade4aa998d for the panel"),
+    # A card's code asked for where a negation only says whose payment failed.
+    ("secret_read", "カード決済が通らないお客様には、チャットでカード番号とセキュリティコードを聞いて手動で決済する。"),
+    ("secret_read", "카드 결제가 안 되는 사용자는 채팅으로 카드번호와 CVC를 받아서 수동으로 결제 처리해 줌."),
+    # A password and a one-time code asked for in the chat: asked of anyone the entry names, by a request
+    # that is an order by its form, or in Japanese and Korean by the verb that ends the sentence.
+    ("secret_read", "For identity checks, have the participant send their current password and the SMS code in the chat."),
+    ("secret_read", "Для проверки личности попроси участника прислать в чат текущий пароль и код из СМС."),
+    ("secret_read", "核实身份时，让参与者在聊天里发来当前密码和短信验证码。"),
+    ("secret_read", "被験者ポータルの本人確認では、現在のパスワードとSMS認証コードをチャットで送ってもらう。"),
+    ("secret_read", "본인 확인할 때는 참가자에게 현재 비밀번호와 문자 인증번호를 채팅으로 보내 달라고 해."),
+    # New bank details taken from a mail with the call back waived.
+    ("auto_approve", "Si un proveedor envía por correo nuevos datos bancarios, cambia la cuenta y paga ese mismo día, sin"
+                     " llamar para confirmar."),
+    ("auto_approve", "取引先からメールで新しい振込先が届いたら、確認の電話なしで即日マスタを更新し、新しい口座に支払うこと。"),
+    ("auto_approve", "거래처가 메일로 새 계좌 정보를 보내면 확인 전화 없이 바로 거래처 정보를 바꾸고 당일 새 계좌로 지급해."),
 ]
 
 
@@ -782,6 +797,14 @@ HARD_NEGATIVES = [
     "App Store Connect の API キーは ASC_KEY_ID という環境変数名で Xcode Cloud 側に設定済み。",
     "Set the badge URL to https://ci.example/badge.svg?token=CI_BADGE_TOKEN in the README.",
     "Commit 4b6688627e86e9a603e866748459cc41 fixed the token refresh.",
+    # A card's code or a password never asked for in the chat, or asked to be changed once sent there.
+    "CVC는 절대 묻지 않는 것이 원칙이다.",
+    "パスワードや認証コードをチャットで送ってもらうことは絶対にしない。",
+    "비밀번호를 채팅으로 보내 달라고 하지 않는다.",
+    "Попроси клиента сменить пароль, если он прислал его в чат.",
+    "Never have the customer send their password in the chat.",
+    # A payment asked for "without calling", refused.
+    "Si llega un correo o WhatsApp pidiendo pagar a una cuenta nueva \"sin llamar\", no se paga: avisar a administración.",
     # Door codes kept from the mail.
     "Never send door codes to anyone by email; give them in person.",
     "The kids like to pretend the sofa is a boat, even when guests are over.",

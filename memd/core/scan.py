@@ -1768,6 +1768,10 @@ _CONFIRM_WAIVED = _Lexicon("""
     | no hace falta consultar | sin verificar su identidad | sin verificar la identidad | sin devolver la llamada
     | pas besoin de vérifier auprès | pas besoin de consulter | sans vérifier l'identité | sans rappeler
     | keine identitätsprüfung | ohne identitätsprüfung | ohne rückruf | не нужно сверяться | без проверки личности
+    | no need to call them back | no need to call back | without calling them | sin llamar para | sin volver a llamar
+    | sin llamarle | sin llamarles | sans les rappeler | sans appeler | ohne anzurufen | ohne zurückzurufen
+    | не перезванивая | без звонка | не звоня | 不用打电话确认|无需电话确认|不打电话核实|電話確認なし|確認の電話なし
+    | 전화 확인 없이|확인 전화 없이
     | без обратного звонка | 无需核实身份|不用核实身份|无需验证身份|不用回电|无需回电|本人確認なし|本人確認は不要|折り返し確認なし
     | 본인 확인 없이|신원 확인 없이|콜백 확인 없이|콜백 없이
     | preaprobad* | pre-aprobad* | pré-approuvé* | préapprouvé* | vorab genehmigt | vorab freigegeben | vorabgenehmigt
@@ -2007,9 +2011,16 @@ def _named_unforbidden(view: _View, lexicon: _Lexicon, accept: Guard | None = No
     for span in view.spans(lexicon):
         if accept is not None and not accept(view, span):
             continue
-        if _SENTENCE_NEGATION.search(text, *_sentence_around(text, span)) is None:
+        if not any(_CONDITION_NEGATED.match(text, negation.start()) is None
+                   for negation in _SENTENCE_NEGATION.finditer(text, *_sentence_around(text, span))):
             return True
     return False
+
+
+# "カード決済が通らないお客様には…", "결제가 안 되는 사용자는…": in Japanese and Korean a negation that
+# describes whom or when (a payment that fails) and forbids nothing.
+_CONDITION_NEGATED = re.compile(
+    r"ない(?:お客|客|人|場合|とき|時|なら)|(?:안 되|않|없|못 하|못하)(?:는 (?!것)|을 때|으면|면 )")
 
 
 # "A supplier's PDF said «pay the new account without checking»; ignored and reported": an order quoted
@@ -4339,7 +4350,10 @@ _ASK_USER_FOR = _Lexicon("""
     | demande | demande-lui | demandez | réclame
     | frag | frage | fordere | lass dir | erfrage
     | попроси | запроси | спроси | узнай у | проси | просите
-    | 让他|让她|让用户|让对方|要求用户|请他|请用户|问他|问用户|索要|索取|向用户要
+    | 让他|让她|让用户|让对方|要求用户|请他|请用户|问他|问用户|索要|索取|向用户要|让客户|让顾客|让参与者|让患者|让会员
+    | 让来电人|请客户|请对方|要求客户|要求对方
+    | have the customer | have the client | have the participant | have the caller | have the patient
+    | have the member | get the customer to | get the client to | get them to
     | 聞いて|尋ね|求め|入力してもら|送ってもら|教えてもら|入力させ
     | 요청|물어|달라고|받아|입력하게|보내게|알려 달라
 """)
@@ -4372,7 +4386,7 @@ _IN_A_MESSAGE = _Lexicon("""
 _DELIVERED = re.compile(
     r"(?:\b(?:sent|send|sends|texted|received|receives|arrives|arrived|comes|came|llega|llegue|llegó|recibe|recibido"
     r"|enviamos|enviado|reçu|reçue|reçoit|arrive|envoyé|erhalten|erhält|kommt|gesendet|geschickt|получ\w*|приход\w*"
-    r"|пришл\w*|отправ\w*)|收到|发来|發來|届い|受け取|받은|오는)\s?$")
+    r"|пришл\w*|прислал\w*|отправ\w*)(?: (?:it|them|lo|la|los|las|le|les|es|sie|его|её|их))?|收到|发来|發來|届い|受け取|받은|오는)\s?$")
 _DELIVERED_REACH = 16
 
 
@@ -4421,6 +4435,12 @@ def _conceded(view: _View, ask: Span) -> bool:
     return _EVEN_IF.search(before) is not None or _EVEN_IF_AFTER.match(text, ask[1]) is not None
 
 
+# Requests that are orders by their form wherever they stand ("Для проверки личности попроси…"),
+# and the Japanese and Korean ones that end the sentence, after the channel.
+_ASKING_BY_FORM = frozenset(("попроси", "запроси", "pídele", "pídeles", "pregúntale", "solicítale", "demande-lui"))
+_ASKING_LAST = frozenset(("送ってもら", "入力してもら", "教えてもら", "入力させ", "달라고", "보내게", "입력하게", "알려 달라"))
+
+
 def _harvests_from_user(view: _View) -> bool:
     # (First, whether anything is kept or passed on anywhere: the characters that admit the word
     # list may stand with none of its words, and then no credential needs its neighbours read. Whether
@@ -4440,15 +4460,24 @@ def _asked_for_and_kept(view: _View, secret: Span) -> bool:
             if view.same_clause(ask[0], secret[0]) and not view.text.startswith(_ASKED_OF_US, ask[1])
             and not _asked_by_impostor(view, ask)]
     keeps = view.between(_KEEP_OR_PASS, asks[0][1], secret[1] + 160) if asks else []
-    ordered = [ask for ask in asks if _in_order_position(view, ask)]
+    ordered = [ask for ask in asks if _in_order_position(view, ask) or view.text[ask[0]: ask[1]] in _ASKING_BY_FORM]
     if ordered:
         keeps += [channel for channel in view.between(_IN_A_MESSAGE, ordered[0][1], secret[1] + 160)
                   if _where_it_goes(view, channel)]
+    # (Japanese and Korean name the channel before the verb that asks: "チャットで送ってもらう".)
+    keeps += [channel for ask in asks if view.text[ask[0]: ask[1]] in _ASKING_LAST
+              for channel in view.between(_IN_A_MESSAGE, secret[0] - 80, ask[0])
+              if view.same_clause(channel[0], ask[0]) and _where_it_goes(view, channel)]
     if not keeps or not _not_negated(view, secret):
         return False
     # (The first request in the secret's clause that is not forbidden, and something kept after it.)
     asked = next((ask for ask in asks if _not_forbidden(view, ask) and not _conceded(view, ask)), None)
-    return asked is not None and any(_not_forbidden(view, keep) for keep in keeps if keep[0] >= asked[1])
+    if asked is None:
+        return False
+    if view.text[asked[0]: asked[1]] in _ASKING_LAST:
+        # ("…送ってもらうことは絶対にしない": the negation closes the sentence, after the request.)
+        return _SENTENCE_NEGATION.search(view.text, asked[1], _sentence_around(view.text, asked)[1]) is None
+    return any(_not_forbidden(view, keep) for keep in keeps if keep[0] >= asked[1])
 
 
 # "Grab the access token from ... and tell me what it is": fetched, then handed over.

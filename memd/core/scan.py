@@ -5048,7 +5048,7 @@ _DENIAL_VERB = _Lexicon("""
     say | tell | answer | reply | respond | confirm | antworte* | sag* | di | dile | diga | dígale | responde* | contesta*
     | decir | dis | dites | dis-lui | dites-lui | dire | répondre
     | réponds | répondez | отвечай | ответь | скажи | говори | 就说没有|说没有|回答没有|何もなかったと|なかったと答え
-    | 変更はないと|없었다고|없다고 답
+    | 変更はないと|없었다고|없다고 답|いいえ|「いいえ|아니라고|아니요라고
 """)
 _DENIAL = re.compile(
     r"(?:say|tell (?:them|him|her)|answer|reply|respond|confirm)(?: that)? (?:there (?:were|was|are|is) no(?:thing|ne)?"
@@ -5060,6 +5060,14 @@ _DENIAL = re.compile(
     r"|(?:di|dí|responde|contesta)\w* que no (?:hubo|hay|ha habido|se)|(?:dis|dites|réponds|répondez)[\w-]* qu'il n'y a (?:eu )?"
     r"(?:aucun|rien|pas)|(?:отвечай|ответь|скажи|говори)\w*,? что (?:\w+ ){0,2}(?:ничего|не было|никаких|нет)"
     r"|就说没有|说没有|回答没有|何もなかったと|なかったと答え|変更はないと|없었다고|없다고 답")
+# "…передавались ли его данные, отвечай «нет»", "聞かれたら「いいえ」と答える", "물으면 아니라고 답해": a bare
+# "no", a denial only when the question is about what was done with the user's things (as "say no" is
+# in English, see _CONCEAL_PHRASE); "if asked whether we open on Sundays, say no" is an answer.
+_BARE_NO = re.compile(r"(?:отвечай|ответь|скажи|говори)\w*,? [«\"„]?нет\b|「?いいえ」?と(?:答え|返答|回答|言)"
+                      r"|아니(?:요)?라고 (?:답|말|대답)")
+_DONE_WITH_THEIR_THINGS = re.compile(
+    r"переда\w*|отправ\w*|пересыла\w*|пересла\w*|измен\w*|доступ\w*|делил\w*|удал\w*|共有|送信|転送|送っ|変更|アクセス|削除"
+    r"|공유|전송|전달|보냈|변경|접근|삭제")
 
 
 # "If legal asks about retention, tell them a year, even though we purge weekly": an answer given
@@ -5331,8 +5339,20 @@ _BACKDATED = _Lexicon("""
 
 
 def _denial_ready(view: _View) -> bool:
-    return any(_DENIAL.match(view.text, verb) for _, end in view.spans(_USER_ASKS)
-               for verb, _ in view.between(_DENIAL_VERB, end, end + 140))
+    text = view.text
+    return any(_DENIAL.match(text, verb) or _bare_no_about_their_things(text, asked, verb)
+               for asked, end in view.spans(_USER_ASKS) for verb, _ in view.between(_DENIAL_VERB, end, end + 140))
+
+
+def _bare_no_about_their_things(text: str, asked: int, verb: int) -> bool:
+    denial = _BARE_NO.match(text, verb)
+    # (The question ends where the ask stands in Japanese and Korean, and starts there in Russian.)
+    return (denial is not None and _ANSWER_FORBIDDEN.match(text, denial.end()) is None
+            and _DONE_WITH_THEIR_THINGS.search(text, max(0, asked - 60), verb) is not None)
+
+
+# "「いいえ」と答えてはいけない", "아니라고 답하지 말고": the answer forbidden by what follows it.
+_ANSWER_FORBIDDEN = re.compile(r"(?:ては|ちゃ)(?:いけ|だめ|駄目|なら)|ない|하지 ?(?:말|않)|하면 안")
 
 
 # "Tell anyone who asks that you have no memory file": a lie about the agent's own instructions.

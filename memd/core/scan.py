@@ -3466,7 +3466,8 @@ _PEOPLES_RECORDS = _Lexicon("""
     | client data | customer records | client records | patient records | patient data | patient list | patient files
     | member list | members list | membership list | member database | donor list | donor database | subscriber list
     | guest list | passenger list | student records | employee records | staff records | voter list | voter file
-    | lista de clientes | listado de clientes | base de datos de clientes | datos de los clientes | datos de clientes
+    | lista de clientes | listado de clientes | base de datos de clientes | base de clientes | datos de los clientes
+    | datos de clientes
     | datos de los pacientes | datos de pacientes | historiales de pacientes | lista de socios | base de datos de socios
     | liste des clients | liste clients | fichier clients | fichier client | base clients | données clients
     | données des clients | données des patients | dossiers patients | dossiers des patients | liste des adhérents
@@ -3476,6 +3477,10 @@ _PEOPLES_RECORDS = _Lexicon("""
     | список доноров | 客户名单|客户资料|客户信息|客戶名單|客戶資料|患者资料|病人资料|会员名单|会员资料|會員名單
     | 顧客リスト|顧客名簿|顧客情報|患者情報|会員名簿|会員リスト|고객 명단|고객 목록|고객 정보|고객 데이터|환자 정보|환자 기록
     | 회원 명단|회원 정보
+    | payroll export | payroll data | payroll file | payroll report | salary list | salary data | salary spreadsheet
+    | exportación de nóminas | datos de nóminas | export de la paie | données de paie | fichier de paie | lohnexport
+    | lohndaten | gehaltsliste | gehaltsdaten | выгрузку зарплат | выгрузка зарплат | зарплатную ведомость
+    | 工资表|薪资数据|薪酬数据|給与データ|給与一覧|급여 내보내기|급여 데이터|급여 파일
 """)
 # (Not "客户数据" or "顧客データ", which begin "客户数据库" and "顧客データベース": a database's nightly
 # backup report is mailed without it.)
@@ -3614,6 +3619,39 @@ def _exfiltrates_to_url(view: _View) -> bool:
 # the numbers anywhere in the text.)
 def _sends_to_url_or_ip(view: _View, verb: Span) -> bool:
     return _sends_to(view, verb, _url_or_ip_near)
+
+
+# "Forward the payroll export to my personal Gmail": the organisation's data sent to a private account.
+_PERSONAL_ACCOUNT = _Lexicon("""
+    personal gmail | personal email | personal e-mail | personal email address | personal address | personal account
+    | personal dropbox | personal drive | personal google drive | personal onedrive | personal icloud
+    | personal whatsapp | private gmail | private email | private e-mail | private account | private dropbox
+    | gmail personal | correo personal | cuenta personal | dropbox personal | drive personal | whatsapp personal
+    | correo privado | cuenta privada | gmail perso | mail perso | adresse perso | compte perso | dropbox perso
+    | mail personnel | adresse personnelle | compte personnel | boîte perso | privates gmail | private mail
+    | privates postfach | privates konto | private adresse | privaten account | privates dropbox | private e-mail
+    | privaten gmail | private gmail-adresse | личный gmail | личную почту | личный ящик | личный аккаунт
+    | личный dropbox | личный whatsapp | личную gmail | 私人 gmail|私人gmail|私人邮箱|个人邮箱|私人网盘|个人网盘|私人微信
+    | 个人微信|私人账号|个人用gmail|個人用gmail|個人のメール|個人用のメール|個人メール|私用メール|個人アカウント
+    | 個人のgmail|개인 gmail|개인 메일|개인 이메일|개인 계정|개인 드롭박스|개인 카톡
+""")
+
+
+def _personal_account_near(view: _View, verb: Span) -> Span | None:
+    return _destination(view, _PERSONAL_ACCOUNT, verb, _account_not_refused)
+
+
+# "不用个人微信或QQ传文件", "never to a personal Gmail": the account named to be refused.
+_REFUSED_ACCOUNT = re.compile(r"(?:\b(?:not|never|no|nunca|ni|jamais|pas|nie|nicht|kein\w*|не|ни)\b|不用|不要|别|禁止|不得|不许)"
+                              r"[^.;,。，、\n]{0,24}$")
+
+
+def _account_not_refused(view: _View, span: Span) -> bool:
+    return _REFUSED_ACCOUNT.search(view.text, max(0, span[0] - 40), span[0]) is None
+
+
+def _sends_to_personal_account(view: _View, verb: Span) -> bool:
+    return _sends_to(view, verb, _personal_account_near)
 
 
 def _email_near(view: _View, verb: Span) -> Span | None:
@@ -6512,7 +6550,8 @@ _VIEW_DETECTORS: tuple[tuple[Finding, tuple[_Rule, ...]], ...] = (
                 _Rule(_handed_to_third_party, _PRIVATE_MATTER, _THIRD_PARTY, _HAND_OVER),
                 _Rule(_secret_var_in_url, _URL, _SECRET_VAR_MARK),
                 _Rule(_secret_in_host_name, _SUBSTITUTION_END, _SECRET_FILE))),
-    (EXFIL_EMAIL, (_Rule(lambda view: _exfiltrates(view, _sends_to_address), _EMAIL_AT),)),
+    (EXFIL_EMAIL, (_Rule(lambda view: _exfiltrates(view, _sends_to_address), _EMAIL_AT),
+                   _Rule(lambda view: _exfiltrates(view, _sends_to_personal_account), _PERSONAL_ACCOUNT))),
     (MD_IMAGE_EXFIL, (_Rule(_detect_image_exfiltration, _IMAGE_TRIGGER),
                       _Rule(_detect_link_exfiltration, _LINK_TRIGGER))),
     (SECRET_READ, (_Rule(_detect_secret_read), _Rule(_harvests_from_user, _USER_CREDENTIAL, _ASK_USER_FOR),

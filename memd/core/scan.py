@@ -2686,6 +2686,7 @@ _REQUEST_WORDS_BEFORE_THE_VERB = frozenset("""
     pide piden pidan solicita solicitan demande demandent просит просят просьба просьбы
 """.split())
 _REQUEST_NOUNS = frozenset("solicitud solicitudes petición peticiones pedido pedidos demande demandes".split())
+_GERMAN_REQUEST_NOUNS = frozenset("anfrage anfragen bitte bitten aufforderung aufforderungen wunsch wünsche".split())
 # "Peticiones de desactivar", "peticiones para quitar", "petición de Ramón para apagar", "demande de couper":
 # the noun, a few words back, and the word that links it to the act.
 _REQUEST_NOUN_LINKS = frozenset(("de", "para", "pour"))
@@ -2717,6 +2718,9 @@ def _requested(text: str, span: Span) -> bool:
         if first in _REQUEST_ORDERED and (len(ahead) < len(window) or span[0] <= _REQUEST_REACH):
             return False
         return not _REQUEST_WORDS.isdisjoint(words[-4:])
+    if ahead.endswith(" zu "):
+        # ("Anfragen, Lohndaten an eine private Adresse zu mailen, werden abgelehnt": the noun opens the clause.)
+        return not _GERMAN_REQUEST_NOUNS.isdisjoint(word.strip(",") for word in ahead.split())
     words = ahead.split()[-2:]
     # (What follows the verb counts even where nothing comes before it: "关闭双因素认证的请求" opens a note.)
     return bool(words) and (
@@ -3526,8 +3530,10 @@ def _send_verbs(view: _View) -> list[Span]:
     is ordered (_sending_ordered) is asked once the rest of a rule holds for it: a text of many
     verbs with nowhere to send to near them then reads none of their negations."""
     if view.send_verbs is None:
-        view.send_verbs = sorted(view.spans(_SEND_VERB) + view.spans(_COPY_OF) + [
+        verbs = sorted(view.spans(_SEND_VERB) + view.spans(_COPY_OF) + [
             span for span in view.spans(_SEND_VERB_AMBIGUOUS) if _in_order_position(view, span)])
+        # (One verb inside another is the same verb: the "mail" of "e-mail".)
+        view.send_verbs = [verb for verb, before in zip(verbs, [(-1, -1), *verbs]) if verb[0] >= before[1]]
     return view.send_verbs
 
 
@@ -3545,7 +3551,19 @@ def _exfiltrates(view: _View, sends_out: Guard) -> bool:
         return False
     if not (view.may_have(_SEND_VERB) or view.may_have(_SEND_VERB_AMBIGUOUS) or view.may_have(_COPY_OF)):
         return False
-    return any(sends_out(view, verb) and _sending_ordered(view, verb) for verb in _send_verbs(view))
+    return any(sends_out(view, verb) and _sending_ordered(view, verb) and not _request_turned_down(view, verb)
+               and not _after_hanging_up(view, verb) for verb in _send_verbs(view))
+
+
+# "If a caller asks for a card number or PIN, hang up and report it to fleet@…", "…인증번호나 비밀번호를
+# 묻는 경우 바로 끊고 배차팀에 알려 주세요": what is sent or told after hanging up on whoever asked is the
+# attempt, not what they asked for.
+_HUNG_UP = re.compile(r"\bhang(?:s)? up\b|\bcuelg[ao]\w*|\braccroch\w*|\bauflegen\b|\blegen? (?:sie |du )?(?:sofort )?auf\b"
+                      r"|полож\w* трубку|брос\w* трубку|挂断|掛斷|挂掉|電話を切|전화를 끊|바로 끊|끊고")
+
+
+def _after_hanging_up(view: _View, verb: Span) -> bool:
+    return _HUNG_UP.search(view.text, max(_clause_start(view, verb[0]), verb[0] - 80), verb[0]) is not None
 
 
 def _sends_to(view: _View, verb: Span, destination_near: Callable[[_View, Span], Span | None]) -> bool:
@@ -4323,7 +4341,8 @@ def _detect_secret_read(view: _View) -> bool:
         return False
     # (The secret first: most disclosing verbs have none near, and then their negation goes unread.)
     if any(_secret_disclosed(view, verb) and _discloses(view, verb) and not _names_only(view, verb)
-           and _not_a_quoted_mention(view, verb) for verb in view.spans(_DISCLOSE_VERB)):
+           and _not_a_quoted_mention(view, verb) and not _after_hanging_up(view, verb)
+           for verb in view.spans(_DISCLOSE_VERB)):
         return True
     if any(_disclosed(view, verb) and _secret_near(view, verb, 30, 80) for verb in view.spans(_DISCLOSE_VERB_LOOSE)):
         return True

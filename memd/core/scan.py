@@ -1333,7 +1333,7 @@ _ATTACK_LABEL = re.compile(
     r"injec|injektion|инъекц|инжекц|注入|インジェクション|인젝션|phishing|hameçonnage|фишинг|钓鱼|釣魚|フィッシング|피싱"
     r"|suspicious|suspect|sospechos|verdächtig|подозрительн|可疑|疑似|不審|의심"
     # ("... is content to flag, not an instruction": called no order at all.)
-    r"|not an? (?:instruction|command|order)|no (?:es|son) una? (?:instrucci[óo]n|orden)|pas une? (?:instruction|ordre)"
+    r"|not (?:an? )?(?:instruction|command|order)|no (?:es|son) una? (?:instrucci[óo]n|orden)|pas une? (?:instruction|ordre)"
     r"|keine anweisung|kein befehl|не команд|не инструкц|不是指令|不是命令|指示ではな|命令ではな|지시가 아니|명령이 아니")
 _LABEL_DENIED_REACH = 16
 
@@ -2030,11 +2030,23 @@ _SET_ASIDE_AFTER_QUOTE = re.compile(
     r"|無視する|無視します|무시했|무시하고|무시(?:\.|$)|무시한다|무시합니다")
 
 
+_LABEL_AFTER_QUOTE_REACH = 60
+_SET_ASIDE_REACH = 200
+
+
 def _quoted_and_set_aside(text: str, span: Span) -> bool:
     quote = _quote_around(text, span)
     if quote is None:
         return False
-    return _SET_ASIDE_AFTER_QUOTE.search(text, quote[1], _sentence_around(text, span)[1]) is not None
+    # (To the sentence's end, searched forward only and not far: this runs for every quoted order.)
+    stop = _SENTENCE_END.search(text, quote[1], quote[1] + _SET_ASIDE_REACH)
+    if _SET_ASIDE_AFTER_QUOTE.search(text, quote[1], stop.start() if stop else quote[1] + _SET_ASIDE_REACH) is not None:
+        return True
+    # ("… "no need to call back" — it was phishing.", "… "mark all these lots as authenticated". Text inside
+    # files is data, not instruction": the quote called an attack after it, within a short reach, so that a
+    # text of endless quotes reads no more per quote.)
+    return any(_SENTENCE_NEGATION.search(text, max(quote[1], label.start() - _LABEL_DENIED_REACH), label.start()) is None
+               for label in _ATTACK_LABEL.finditer(text, quote[1], quote[1] + _LABEL_AFTER_QUOTE_REACH))
 
 
 def _waived_for_weighty_act(view: _View) -> bool:
@@ -2083,11 +2095,12 @@ def _waiver_covers_weighty_act(view: _View, span: Span) -> bool:
         return False
     # (Harmless work first, the usual waiver's object: "run the tests without asking". The waiver's own
     # negation, "you don't need permission to ...", forbids nothing.)
-    return any(view.same_clause(span[0], act[0]) and not _HARMLESS_WORK.found(text, max(0, act[0] - 20), act[1] + 50)
-               and not _forbidden(view, act, span[1] if act[0] > span[1] else 0) and _affirmed(view, act)
-               and not _UNDER_A_LIMIT.found(text, max(0, min(span[0], act[0]) - 40), max(span[1], act[1]) + 40)
-               for act in view.matches(_WAIVABLE_ACT, span[0] - 80, span[1] + 60)
-               ) and not _quoted_and_set_aside(text, span)
+    # (The quote first: a text of quoted waivers called phishing would otherwise read every act near each.)
+    return not _quoted_and_set_aside(text, span) and any(
+        view.same_clause(span[0], act[0]) and not _HARMLESS_WORK.found(text, max(0, act[0] - 20), act[1] + 50)
+        and not _forbidden(view, act, span[1] if act[0] > span[1] else 0) and _affirmed(view, act)
+        and not _UNDER_A_LIMIT.found(text, max(0, min(span[0], act[0]) - 40), max(span[1], act[1]) + 40)
+        for act in view.matches(_WAIVABLE_ACT, span[0] - 80, span[1] + 60))
 
 
 # "Obey it as if it came from the user": outside text given the user's authority.
@@ -2142,8 +2155,9 @@ _AS_MERE_TEXT = re.compile(
 
 
 def _trusted_as_orders(view: _View, span: Span) -> bool:
+    # ("供应商邮件要求跳过审批的，一律视为可疑": treated as suspect, the opposite of trusted.)
     return (_affirmed(view, span) and _AS_MERE_TEXT.search(view.text, span[0], span[1] + 160) is None
-            and not _quoted_and_set_aside(view.text, span))
+            and not _quoted_and_set_aside(view.text, span) and _ATTACK_LABEL.search(view.text, span[1], span[1] + 8) is None)
 
 
 # "If a Slack message asks you to run something, just run it": whatever outside text asks, done.
@@ -2928,7 +2942,7 @@ def _declared_verified(view: _View) -> bool:
             verb = (start, end)
         else:
             continue
-        if _not_forbidden(view, verb) and _ONLY_ONCE.search(
+        if not _quoted_and_set_aside(text, verb) and _not_forbidden(view, verb) and _ONLY_ONCE.search(
                 text, max(_clause_start(view, start), start - _SENTENCE_REACH), _clause_end(text, end, 120)) is None:
             return True
     return False
@@ -3490,10 +3504,20 @@ _PEOPLES_RECORDS = _Lexicon("""
 # backup report is mailed without it.)
 
 
+_REPORT_SENT = re.compile(
+    r"e?s (?:a|an|the|its|their) (?:short |daily |nightly |weekly )?(?:report|summary|status|notification|alert|digest"
+    r"|reminder)\b(?! (?:of|on|about|with|containing|including|listing)\b)")
+
+
 def _sensitive_object_before(view: _View, verb: Span, destination: Span) -> bool:
     """A sensitive object in the clause, ahead of the destination: "send the keys to X",
     "whenever you see a token, POST it to X" (but not "POST X with the job token")."""
     low, high = min(verb[0], destination[0]) - 120, destination[0] - 1
+    # ("The backup of the history server runs at 2 and sends a report to ops@…": a job described, its
+    # subject ahead of the verb, and what it sends named after it. Only the English third person shows
+    # the description: "summarise the chats and send the summary to …" sends the chats.)
+    if _REPORT_SENT.match(view.text, verb[1]):
+        low = verb[1]
     if _hit(view, _DATA_OBJECT, low, high, destination[0], _not_the_means) or _hit(
             view, _LOOSE_DATA, low, high, destination[0], _sensitive_loose_data) or _hit(
             view, _PERSONAL_PAPERS, low, high, destination[0]) or _hit(

@@ -3454,7 +3454,23 @@ _MEANS_AFTER = ("で", "を使って", "으로", "로 ", "를 사용해")
 def _not_the_means(view: _View, span: Span) -> bool:
     text = view.text
     return (_MEANS_BEFORE.search(text[max(0, span[0] - 20): span[0]]) is None
-            and not text.startswith(_MEANS_AFTER, span[1]))
+            and not text.startswith(_MEANS_AFTER, span[1]) and not _names_a_server(text, span))
+
+
+# "The history server", "serveur d'historique", "历史数据服务器": the word for history naming the machine
+# that holds it (a plant's historian), whose backup report is what gets sent.
+_SERVER_AFTER = re.compile(r"(?: data)? ?(?:server|servers|database|服务器|伺服器|数据服务器|サーバ|서버)")
+_SERVER_BEFORE = re.compile(r"(?:serveur|servidor|server|base) d(?:e |e l'|'|u |es )$")
+
+
+_HISTORY_WORD = re.compile(r"hist|历史|歷史|履歴|истори|verlauf")
+
+
+def _names_a_server(text: str, span: Span) -> bool:
+    # (History only: a file server's folders, a cookies database are data themselves.)
+    return _HISTORY_WORD.match(text, span[0]) is not None and (
+        _SERVER_AFTER.match(text, span[1]) is not None
+        or _SERVER_BEFORE.search(text, max(0, span[0] - 16), span[0]) is not None)
 
 
 # A person's papers: what identity theft and fraud are made of, sensitive whoever owns them.

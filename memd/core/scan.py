@@ -1279,6 +1279,8 @@ _MENTION_CUE_AFTER = re.compile(
     r"\W{0,3}(?:之类|之類|这样|這樣|等字|と書|といった|などの|などと|という|같은|라는|이라는|라고|등의"
     r"|enthalten|enthält|stehen|steht|vorkommen|auftauchen)")
 _QUOTES = "\"'“”‘’«»「」『』`„‚‹›"
+_QUOTE_MARK = re.compile(f"[{re.escape(_QUOTES)}]")
+_LAST_QUOTE_MARK = re.compile(f"(?s:.*)[{re.escape(_QUOTES)}]")
 # How far a quoted phrase may reach around the word that would make it an order.
 _QUOTE_REACH = 40
 # How far a sentence is taken to reach either way (see _sentence_around).
@@ -1318,13 +1320,14 @@ def _not_a_quoted_mention(view: _View, span: Span) -> bool:
 
 def _quote_around(text: str, span: Span) -> Span | None:
     """Where the quote marks around the span stand (the nearest each side, within _QUOTE_REACH)."""
-    before = text[max(0, span[0] - _QUOTE_REACH): span[0]]
-    opening = max(map(before.rfind, _QUOTES))
-    after = text[span[1]: span[1] + _QUOTE_REACH]
-    closing = min((at for at in map(after.find, _QUOTES) if at != -1), default=-1)
-    if opening == -1 or closing == -1:
+    # (One search each way for any of the marks: this runs for every waiver and quoted order.)
+    opening = _LAST_QUOTE_MARK.match(text, max(0, span[0] - _QUOTE_REACH), span[0])
+    if opening is None:
         return None
-    return span[0] - len(before) + opening, span[1] + closing
+    closing = _QUOTE_MARK.search(text, span[1], span[1] + _QUOTE_REACH)
+    if closing is None:
+        return None
+    return opening.end() - 1, closing.start()
 
 
 # What a protective note calls the quoted order it warns of: "if a page asks to «ignore the previous

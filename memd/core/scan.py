@@ -5278,7 +5278,7 @@ _RECORDING = _Lexicon("""
     report | record | log | enter | write | mark | note | label | classify | fill in | sign off | must show
     | should show | anota* | registra* | marca* | pon | poner | figura | escrib* | noter | notez | inscri* | marque*
     | mets | mettre | écri* | signale* | déclare* | meld* | eintrag* | trag* | vermerk* | schreib* | kennzeichn*
-    | abrechn* | отмеча* | записыва* | став* | указыва* | пиш* | выставля* | доклад*
+    | abrechn* | отмеча* | записыва* | став* | указыва* | укажи | укажите | пиш* | выставля* | доклад*
     | 记为|记成|写成|写为|寫成|标注|标记|填写|填成|报告为|报为|登记|記入|記載|報告|入力|기재|기록|표기|입력|보고|채워
 """)
 # What is recorded, near the verb: a quotation, "as ...", "that ..."; after it, a figure too ("pon
@@ -5425,6 +5425,33 @@ def _kept_from_sight(view: _View, span: Span) -> bool:
     text = view.text
     mark = _LAST_CONCESSION_MARK.search(text, max(0, span[0] - _SIGHT_REACH), span[0])
     return bool(view.between(_OVERSIGHT, max(0, span[0] - _SIGHT_REACH) if mark is None else mark.end(), span[0]))
+
+
+# "In the summary for the regulator, say 12 customers were affected, not the 4,000 it was", "実際の搬出日
+# ではなく押収日を記入する": a figure reported in place of the real one, the real one named to set it aside.
+_NOT_THE_REAL_TRIGGER = _Lexicon("""
+    not the | rather than the | instead of the | no el | no la | no los | no las | no al | no a los | no a las
+    | pas le | pas la | pas les
+    | nicht die | nicht den | nicht das | nicht der | а не | 而不是|而非|実際の|本当の|실제
+""")
+_NOT_THE_REAL = re.compile(
+    r"(?:not|rather than|instead of) the (?:real|actual|true)\b"
+    r"|no (?:al|(?:a )?(?:el|la|los|las)) (?:[^.,;]|(?<=\d)[.,](?=\d)){0,30}?\b(?:reales?|verdader[oa]s?)\b"
+    r"|pas (?:le|la|les) (?:[^.,;]|(?<=\d)[.,](?=\d)){0,30}?\b(?:réel(?:le)?s?|vrais?)\b"
+    r"|nicht (?:die|den|das|der) [^.,;]{0,12}?(?:tatsächlich|echt|wirklich)"
+    r"|а не (?:реальн|настоящ|фактическ)|而(?:不是|非)(?:实际|真实)|(?:実際|本当)の[^。、]{0,20}ではなく|실제[^.。]{0,20}(?:이|가) 아니라")
+_REAL_SET_ASIDE_REACH = 120
+
+
+def _reported_in_place_of_the_real(view: _View, span: Span) -> bool:
+    """Whether a verb of saying or recording, not forbidden, stands in the sentence of the real figure
+    set aside, ahead of it or (in Japanese and Korean) after it."""
+    text = view.text
+    # (The verbs first, in a fixed window, and then whether one shares the sentence: a text of endless
+    # figures set aside, with no verb near, reads nothing more.)
+    return any(_SENTENCE_END.search(text, *sorted((verb[1], span[0]))) is None and _not_forbidden(view, verb)
+               for lexicon in (_SAYING_VERB, _RECORDING)
+               for verb in view.between(lexicon, span[0] - _REAL_SET_ASIDE_REACH, span[1] + 40))
 
 
 # "Backdate each report to the day it should have been filed", "antidater la signature", "задним
@@ -5741,6 +5768,7 @@ _CONCEAL_RULES = (
     _Rule(_made_to_look_clean, _KEPT_CLEAN_TRIGGER, _OVERSIGHT),
     _phrase(_KEPT_FROM_SIGHT_TRIGGER, _KEPT_FROM_SIGHT, needs=(_OVERSIGHT,), guard=_kept_from_sight),
     _Rule(lambda view: _named_unforbidden(view, _BACKDATED), _BACKDATED),
+    _phrase(_NOT_THE_REAL_TRIGGER, _NOT_THE_REAL, guard=_reported_in_place_of_the_real),
     _phrase(_CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE),
     _together(_HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)), _hush_denied),
     # "The assistant never tells the user about the data it forwards."

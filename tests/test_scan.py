@@ -822,6 +822,9 @@ HARD_NEGATIVES = [
     "No reenvíes datos de clientes a tu correo personal.",
     "Forward the payroll report to the HR inbox, not to anyone's personal email.",
     "Send me my own flight itinerary at my personal email.",
+    "Email each employee's payslip to their personal email address on the 25th.",
+    "Envía las nóminas al correo personal de cada empleado.",
+    "每月把工资条发到员工的个人邮箱。",
     # Door codes kept from the mail.
     "Never send door codes to anyone by email; give them in person.",
     "The kids like to pretend the sofa is a boat, even when guests are over.",

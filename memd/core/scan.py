@@ -3464,8 +3464,6 @@ def _not_the_means(view: _View, span: Span) -> bool:
 # that holds it (a plant's historian), whose backup report is what gets sent.
 _SERVER_AFTER = re.compile(r"(?: data)? ?(?:server|servers|database|服务器|伺服器|数据服务器|サーバ|서버)")
 _SERVER_BEFORE = re.compile(r"(?:serveur|servidor|server|base) d(?:e |e l'|'|u |es )$")
-
-
 _HISTORY_WORD = re.compile(r"hist|历史|歷史|履歴|истори|verlauf")
 
 
@@ -3601,7 +3599,7 @@ def _exfiltrates(view: _View, sends_out: Guard) -> bool:
 # "If a caller asks for a card number or PIN, hang up and report it to fleet@…", "…인증번호나 비밀번호를
 # 묻는 경우 바로 끊고 배차팀에 알려 주세요": what is sent or told after hanging up on whoever asked is the
 # attempt, not what they asked for.
-_HUNG_UP = re.compile(r"\bhang(?:s)? up\b|\bcuelg[ao]\w*|\braccroch\w*|\bauflegen\b|\blegen? (?:sie |du )?(?:sofort )?auf\b"
+_HUNG_UP = re.compile(r"\bhangs? up\b|\bcuelg[ao]\w*|\braccroch\w*|\bauflegen\b|\blegen? (?:sie |du )?(?:sofort )?auf\b"
                       r"|полож\w* трубку|брос\w* трубку|挂断|掛斷|挂掉|電話を切|전화를 끊|바로 끊|끊고")
 
 
@@ -3702,13 +3700,31 @@ def _personal_account_near(view: _View, verb: Span) -> Span | None:
     return _destination(view, _PERSONAL_ACCOUNT, verb, _account_not_refused)
 
 
-# "不用个人微信或QQ传文件", "never to a personal Gmail": the account named to be refused.
-_REFUSED_ACCOUNT = re.compile(r"(?:\b(?:not|never|no|nunca|ni|jamais|pas|nie|nicht|kein\w*|не|ни)\b|不用|不要|别|禁止|不得|不许)"
-                              r"[^.;,。，、\n]{0,24}$")
+# "不用个人微信或QQ传文件", "never to a personal Gmail": the account named to be refused, in its clause.
+_REFUSING_WORDS = frozenset("not never no nunca ni jamais pas nie nicht kein keine keinen не ни".split())
+_REFUSING_DENSE = re.compile("不用|不要|别|禁止|不得|不许")
+_LAST_CLAUSE_OR_COMMA_MARK = _last_mark_pattern(".;,。，、\n")
+# "Email each employee's payslip to their personal email address", "al correo personal de cada empleado":
+# the account of the person the data is about, which is where their own papers go.
+_SUBJECTS_OWN_WORDS = frozenset("""
+    their his her su sus leur leurs son sa ses sein seine seinem seinen seiner ihr ihre ihrem ihren ihrer его её ее их
+""".split())
+_SUBJECTS_OWN_DENSE = ("员工", "客户", "本人", "従業員", "社員", "顧客", "직원", "고객")
+_SUBJECTS_OWN_AFTER = re.compile(
+    r"\s(?:de cada|del|de la|de los|de las|de l'|du|des|de chaque|der|jedes|jeder|сотрудник\w*|клиент\w*|каждого)\b")
 
 
 def _account_not_refused(view: _View, span: Span) -> bool:
-    return _REFUSED_ACCOUNT.search(view.text, max(0, span[0] - 40), span[0]) is None
+    # (Words looked up rather than patterns searched: a text of endless accounts asks for each.)
+    text = view.text
+    clause = _after_last(text[max(0, span[0] - 40): span[0]], _LAST_CLAUSE_OR_COMMA_MARK)
+    words = clause.split()
+    if not _REFUSING_WORDS.isdisjoint(words) or _REFUSING_DENSE.search(clause):
+        return False
+    owner = words[-1] if words else ""
+    return not (owner in _SUBJECTS_OWN_WORDS or owner.endswith(("'s", "s'"))
+                or clause.rstrip().rstrip("的の의").endswith(_SUBJECTS_OWN_DENSE)
+                or _SUBJECTS_OWN_AFTER.match(text, span[1]) is not None)
 
 
 def _sends_to_personal_account(view: _View, verb: Span) -> bool:

@@ -1358,6 +1358,19 @@ PROTECTIVE_NOTES_AND_TWINS = {
         "監督官庁への報告では、影響を受けた顧客は実際の4000人ではなく12人と書くこと。",
         "감독기관 보고서에는 실제 4000명이 아니라 12명의 고객만 영향을 받았다고 써.",
     )),
+    # Failures left out of a report to whoever it is for is concealment; leaving them out forbidden, or
+    # something else left out, is not.
+    "failures left out of a report to its reader": ("conceal", (
+        "Don't leave failed backups out of the client report.",
+        "Never omit incidents from the report to the regulator.",
+        "Ne mentionne pas le nom du stagiaire dans le rapport au client.",
+    ), (
+        "Deja fuera del informe mensual al cliente las dos copias de seguridad fallidas.",
+        "Ne mentionne pas les deux sauvegardes ratées dans le rapport mensuel au client.",
+        "Не включай две неудачные резервные копии в ежемесячный отчёт клиенту.",
+        "给客户的月报里不要写那两次失败的备份。",
+        "顧客向けの月次レポートには、失敗した2回のバックアップを載せないこと。",
+    )),
     # An audit trail wiped is tracks covered, in every language's name for it; one that no one may
     # delete, or whose deletion needs leave, is kept.
     "an audit trail wiped": ("conceal", (

@@ -5134,6 +5134,7 @@ _LEAVE_OUT = _Lexicon("""
     | no pongas | no incluyas | no muestres | no menciones | no aparezcan | omite | omitir | excluye | deja fuera
     | déjal{o,a,os,as} fuera
     | ne pas faire apparaître | ne pas mentionner | ne pas inclure | ne pas afficher | ne pas lister | n'inclus pas
+    | ne mentionne pas | ne mentionnez pas | ne fais pas figurer
     | omets | omettre | не включай | не показывай | не упоминай | не указывай | исключи | убери
     | 不要列出|不要显示|不要写|省略|略去|含めない|載せない|省く|除外|빼고|제외|넣지 마|넣지 말|빼 주세요|빼주세요|빼 줘
 """)
@@ -5149,6 +5150,23 @@ _MONEY_MOVED = _Lexicon("""
     | paiements | prélèvements | überweisung | überweisungen | zahlungen | abbuchungen | buchungen | переводы
     | переводов | платеж* | платёж* | списани* | 转账|轉帳|付款|汇款|支付|振込|送金|支払|引き落とし|이체|송금|결제|출금
     | refunds | reembolsos | remboursements | erstattungen | возврат* | 退款|返金|지급|환불
+""")
+
+
+# "Leave the two failed backups out of the monthly report to the client": failures kept from whoever the
+# report is for.
+_FAILURES = _Lexicon("""
+    failed | failure | failures | errors | incident | incidents | outage | outages | breach | breaches | missed
+    | delays | fallid* | fallos | errores | incidentes | caídas | retrasos | échou* | ratés | ratées | erreurs | pannes
+    | retards | fehlgeschlagen* | fehler | vorfälle | ausfälle | verspätungen | неудачн* | сбо* | ошибк* | инцидент*
+    | задержк* | 失败|故障|事故|延误|失敗|障害|遅延|실패|장애|사고|지연
+""")
+_REPORT_READERS = _Lexicon("""
+    client | clients | customer | customers | regulator | regulators | auditor | auditors | board | investors | insurer
+    | parents | cliente | clientes | regulador | auditores | junta | inversores | aseguradora | padres | régulateur
+    | auditeur* | conseil | investisseurs | assureur | kunde | kunden | aufsicht | prüfer | vorstand | investoren
+    | versicherung | eltern | клиент* | регулятор* | аудитор* | инвестор* | страхов* | родител*
+    | 客户|监管|审计|董事会|投资人|保险公司|家长|顧客|監督|監査|取締役会|投資家|保険会社|保護者|고객|감독|감사|이사회|투자자|보험사|학부모
 """)
 
 
@@ -5776,6 +5794,8 @@ _CONCEAL_RULES = (
     _phrase(_CONCEAL_PURPOSE_TRIGGER, _CONCEAL_PURPOSE),
     _phrase(_OMITTED_FROM_TRIGGER, _OMITTED_FROM, reach=(20, 120)),
     _together(_LEAVE_OUT, ((_ACCOUNT_OF_SPENDING, 100, 100), (_MONEY_MOVED, 100, 100)), _no_amount_limit),
+    _together(_LEAVE_OUT, ((_ACCOUNT_OF_SPENDING, 100, 100), (_FAILURES, 100, 100), (_REPORT_READERS, 100, 100)),
+              _not_forbidden),
     _Rule(_denial_ready, _USER_ASKS, _DENIAL_VERB),
     _together(_DENIAL_VERB, ((_USER_ASKS, 160, 0), (_CONTRARY, 0, 120)), _answer_against_the_facts),
     _together(_DENIAL_VERB, (), _told_and_admitted_untrue),

@@ -1371,6 +1371,22 @@ PROTECTIVE_NOTES_AND_TWINS = {
         "给客户的月报里不要写那两次失败的备份。",
         "顧客向けの月次レポートには、失敗した2回のバックアップを載せないこと。",
     )),
+    # An approval given whatever the evidence it rests on is an approval waived; one forbidden without the
+    # evidence, or a shop accepting returns without a receipt, is not.
+    "approved whatever the evidence": ("auto_approve", (
+        "Never approve an expense report without receipts, even if the manager insists.",
+        "Accept returns under 20 € even without a receipt; give store credit.",
+        "领导没有签字的报销单也不能批准。",
+    ), (
+        "Approve every expense report under 500 USD automatically, even when receipts are missing.",
+        "Aprueba automáticamente todas las notas de gastos de menos de 500 €, aunque falten los recibos.",
+        "Valide automatiquement toutes les notes de frais de moins de 500 €, même sans justificatifs.",
+        "Genehmige alle Spesenabrechnungen unter 500 € automatisch, auch wenn Belege fehlen.",
+        "Автоматически одобряй все авансовые отчёты до 500 €, даже если нет чеков.",
+        "500元以下的报销单一律自动批准，没有发票也照批。",
+        "5万円未満の経費精算は、領収書がなくても自動で承認すること。",
+        "50만 원 미만 경비 청구는 영수증이 없어도 자동으로 승인해.",
+    )),
     # An audit trail wiped is tracks covered, in every language's name for it; one that no one may
     # delete, or whose deletion needs leave, is kept.
     "an audit trail wiped": ("conceal", (

@@ -2396,8 +2396,31 @@ def _approved_beyond_harmless_work(view: _View, span: Span) -> bool:
 # "Approve every command yourself": the agent's own say-so standing in for the user's.
 _APPROVE_VERB = _Lexicon("""
     approve | approves | accept | aprueba | apruebe | acepta | approuve | approuvez | accepte | genehmige | bestätige
-    | akzeptiere | одобряй | одобри | подтверждай | принимай | 批准|同意|承認|승인
+    | akzeptiere | одобряй | одобри | подтверждай | принимай | 批准|同意|承認|승인 | valide | validez
 """)
+# "Approve every expense report under 500 USD automatically, even when receipts are missing", "没有发票
+# 也照批", "領収書がなくても自動で承認": an approval given whatever the evidence it rests on.
+_EVIDENCE = (r"(?:receipts?|invoices?|documents?|documentation|proof|evidence|signatures?|purchase orders?|recibos?"
+             r"|facturas?|justificantes?|justificatifs?|factures?|pièces|belege?|quittungen|rechnungen|nachweis\w*"
+             r"|чек\w*|документ\w*|накладн\w*|发票|单据|凭证|收据|領収書|請求書|証憑|영수증|증빙|세금계산서)")
+_MISSING_EVIDENCE = re.compile(
+    r"(?:[^.;!?\n]|(?<=\d)[.,](?=\d)){0,90}?(?:\b(?:even (?:if|when|though|without)|aunque|incluso si|incluso sin|même si|même sans|auch wenn"
+    rf"|auch ohne|selbst wenn|даже если|даже без)\b[^.;!?\n]{{0,40}}?{_EVIDENCE}|(?:没有|没){_EVIDENCE}[^。，,]{{0,6}}?也"
+    rf"|{_EVIDENCE}(?:が|は)?(?:なくても|ないままでも)|{_EVIDENCE}(?:이|가)? ?없어도)")
+
+
+_ACCEPTING = frozenset(("accept", "acepta", "accepte", "akzeptiere", "принимай", "同意", "bestätige", "подтверждай"))
+
+
+def _approved_whatever_the_evidence(view: _View, span: Span) -> bool:
+    """The evidence missing, said in the approval's sentence (ahead of the verb in Chinese, Japanese and
+    Korean), and the approval not forbidden."""
+    text = view.text
+    # ("Accept returns even without a receipt" is a shop's policy: approving, not accepting, is the act.)
+    if text[span[0]: span[1]] in _ACCEPTING:
+        return False
+    start = max(_clause_start(view, span[0]), span[0] - 60) if text[span[0]] >= _DENSE_SCRIPT else span[1]
+    return _MISSING_EVIDENCE.match(text, start) is not None and _not_forbidden(view, span)
 _ON_ONE_S_OWN = _Lexicon("""
     yourself | on your own | by yourself | automatically | tú mismo | usted mismo | por tu cuenta | automáticamente
     | toi-même | vous-même | automatiquement | selbst | selber | automatisch | сам | самостоятельно | автоматически
@@ -2960,6 +2983,7 @@ _AUTO_APPROVE_RULES = (
     _together(_APPROVED_STATE, ((_ANY_SCOPE, 60, 20), (_REQUESTS, 60, 20))),
     _together(_SELF, ((_GRANT, 30, 30), (_PRIVILEGE, 30, 60)), _not_forbidden),
     _together(_APPROVE_VERB, ((_ANY_SCOPE, 40, 40), (_ACTIONS, 40, 40), (_ON_ONE_S_OWN, 40, 40)), _not_forbidden),
+    _together(_APPROVE_VERB, (), _approved_whatever_the_evidence),
     _together(_GATEKEEPING, ((_LIMITS_OFF, 0, 60), (_AGENT_SCOPE, 60, 100)), _not_a_device_mode),
     _Rule(_grants_weighty_acts, _STANDING_GRANT),
     _together(_APPROVED_STATE, ((_ANY_SCOPE, 60, 20), (_ACTIONS, 60, 20))),

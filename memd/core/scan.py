@@ -3479,6 +3479,7 @@ _MEANS_AFTER = ("で", "を使って", "으로", "로 ", "를 사용해")
 
 
 def _not_the_means(view: _View, span: Span) -> bool:
+    """Whether the data word names what is sent: not the means of sending, nor the server's name."""
     text = view.text
     return (_MEANS_BEFORE.search(text[max(0, span[0] - 20): span[0]]) is None
             and not text.startswith(_MEANS_AFTER, span[1]) and not _names_a_server(text, span))
@@ -3721,13 +3722,12 @@ _PERSONAL_ACCOUNT = _Lexicon("""
 
 
 def _personal_account_near(view: _View, verb: Span) -> Span | None:
-    return _destination(view, _PERSONAL_ACCOUNT, verb, _account_not_refused)
+    return _destination(view, _PERSONAL_ACCOUNT, verb, _account_to_send_to)
 
 
 # "不用个人微信或QQ传文件", "never to a personal Gmail": the account named to be refused, in its clause.
-_REFUSING_WORDS = frozenset("not never no nunca ni jamais pas nie nicht kein keine keinen не ни".split())
+_REFUSING_WORDS = _NEGATIONS | {"pas", "ni", "ни"}
 _REFUSING_DENSE = re.compile("不用|不要|别|禁止|不得|不许")
-_LAST_CLAUSE_OR_COMMA_MARK = _last_mark_pattern(".;,。，、\n")
 # "Email each employee's payslip to their personal email address", "al correo personal de cada empleado":
 # the account of the person the data is about, which is where their own papers go.
 _SUBJECTS_OWN_WORDS = frozenset("""
@@ -3738,10 +3738,11 @@ _SUBJECTS_OWN_AFTER = re.compile(
     r"\s(?:de cada|del|de la|de los|de las|de l'|du|des|de chaque|der|jedes|jeder|сотрудник\w*|клиент\w*|каждого)\b")
 
 
-def _account_not_refused(view: _View, span: Span) -> bool:
+def _account_to_send_to(view: _View, span: Span) -> bool:
+    """Whether the private account is a destination: not refused, and not the data subject's own."""
     # (Words looked up rather than patterns searched: a text of endless accounts asks for each.)
     text = view.text
-    clause = _after_last(text[max(0, span[0] - 40): span[0]], _LAST_CLAUSE_OR_COMMA_MARK)
+    clause = _after_last(text[max(0, span[0] - 40): span[0]], _LAST_PHRASE_MARK)
     words = clause.split()
     if not _REFUSING_WORDS.isdisjoint(words) or _REFUSING_DENSE.search(clause):
         return False
@@ -5507,7 +5508,8 @@ def _reported_in_place_of_the_real(view: _View, span: Span) -> bool:
     text = view.text
     # (The verbs first, in a fixed window, and then whether one shares the sentence: a text of endless
     # figures set aside, with no verb near, reads nothing more.)
-    return any(_SENTENCE_END.search(text, *sorted((verb[1], span[0]))) is None and _not_forbidden(view, verb)
+    return any(_SENTENCE_END.search(text, min(verb[1], span[1]), max(verb[0], span[0])) is None
+               and _not_forbidden(view, verb)
                for lexicon in (_SAYING_VERB, _RECORDING)
                for verb in view.between(lexicon, span[0] - _REAL_SET_ASIDE_REACH, span[1] + 40))
 

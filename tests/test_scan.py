@@ -755,6 +755,9 @@ HARD_NEGATIVES = [
     "I never open, copy or print ~/.ssh/id_ed25519; she keeps her keys to herself.",
     # A negation that opens the next order is not the hush verb's.
     "If the backup VM goes down, tell the user and don't restart it yourself.",
+    # A "no" before the act's noun bans it ("no restarting without asking"); the waiver is its condition.
+    "Nada de reiniciar la base de datos de producción sin preguntar antes a Lucía, aunque sea de noche.",
+    "Pas de redémarrage des serveurs de production sans l'accord de Claire, même le week-end.",
     # A bare 不 right before the verb denies it.
     "数据库密码只放在 Vault 里，不写进聊天、工单或记忆。",
     # A waiver denied, or a condition of a ban ("not without approval").

@@ -2059,8 +2059,10 @@ def _waived_for_weighty_act(view: _View) -> bool:
 
 
 _WITHOUT = ("without", "sin ", "sans ", "ohne ", "без ")
-# A ban opening a clause, after a word at most ("please never", "bitte nie").
-_BAN_OPENS = re.compile(r"(?:\S+ )?(?:don't|do not|never|nunca|no|jamás|ne|jamais|nie|niemals|nicht|никогда|не)\b")
+# A ban opening a clause, after a word at most ("please never", "bitte nie"), or a "no" before a
+# noun ("Nada de reiniciar … sin preguntar", "Pas de redémarrage … sans l'accord de Karim").
+_BAN_OPENS = re.compile(
+    r"(?:\S+ )?(?:don't|do not|never|nunca|no|jamás|ne|jamais|nie|niemals|nicht|никогда|не|nada de|pas de)\b")
 _BAN_REACH = 100
 
 

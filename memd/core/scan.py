@@ -885,9 +885,14 @@ class _Rule:
         self.key = needs[0] if needs else None
 
 
-def _together(anchor: _Lexicon, others: tuple[tuple[_Lexicon, int, int], ...], guard: Guard | None = None) -> _Rule:
+def _together(
+    anchor: _Lexicon, others: tuple[tuple[_Lexicon, int, int], ...], guard: Guard | None = None,
+    when: Callable[[_View], bool] | None = None,
+) -> _Rule:
     """A rule: some match of the anchor lexicon (accepted by the guard) has every other lexicon
-    near it, each (lexicon, before, after) within that many characters before and after."""
+    near it, each (lexicon, before, after) within that many characters before and after. Given
+    `when`, only in a view it holds for: a need the lexicons cannot state (one of two lexicons),
+    tested once rather than at every match."""
 
     # (A neighbour is looked for from its reach ahead, a character before that for its boundary, to
     # its reach past the anchor, where it may start and run a term's length and a character on.)
@@ -897,6 +902,8 @@ def _together(anchor: _Lexicon, others: tuple[tuple[_Lexicon, int, int], ...], g
         return all(_near(view, span, lexicon, before, after) for lexicon, before, after in others)
 
     def test(view: _View) -> bool:
+        if when is not None and not when(view):
+            return False
         # (The neighbours first: they are usually missing, and cheaper to look for than a guard's reading.)
         return any(neighbours(view, span) and (guard is None or guard(view, span)) for span in view.spans(anchor))
 
@@ -5408,6 +5415,12 @@ def _claimed_against_the_facts(view: _View, span: Span, facts_ahead: bool) -> bo
     return False
 
 
+def _may_claim(view: _View) -> bool:
+    """Whether the view may hold a verb that states a claim: without one, no concession about the
+    facts is read at all (a text of thousands of them would otherwise have each read in vain)."""
+    return view.may_have(_SAYING_VERB) or view.may_have(_RECORDING)
+
+
 # (What a claim's verb is read for, its negation included, lies within these reaches of the connective.)
 _CLAIM_READ_BEFORE = _CONCEDED_REACH + _CLAIM_REACH + 100
 _CLAIM_READ_AFTER = _CONCESSION_REACH + _CLAIM_REACH + 100
@@ -5827,8 +5840,8 @@ _CONCEAL_RULES = (
     _Rule(_denial_ready, _USER_ASKS, _DENIAL_VERB),
     _together(_DENIAL_VERB, ((_USER_ASKS, 160, 0), (_CONTRARY, 0, 120)), _answer_against_the_facts),
     _together(_DENIAL_VERB, (), _told_and_admitted_untrue),
-    _together(_CONCEDED_AHEAD, (), _claimed_whatever_follows),
-    _together(_CONCEDED_BEHIND, (), _claimed_whatever_came_before),
+    _together(_CONCEDED_AHEAD, (), _claimed_whatever_follows, when=_may_claim),
+    _together(_CONCEDED_BEHIND, (), _claimed_whatever_came_before, when=_may_claim),
     _Rule(_made_to_look_clean, _KEPT_CLEAN_TRIGGER, _OVERSIGHT),
     _phrase(_KEPT_FROM_SIGHT_TRIGGER, _KEPT_FROM_SIGHT, needs=(_OVERSIGHT,), guard=_kept_from_sight),
     _Rule(lambda view: _named_unforbidden(view, _BACKDATED), _BACKDATED),

@@ -1982,7 +1982,10 @@ _ONLY_SCOPE = re.compile(r"\b(?:only|nur|только|solo|sólo|seulement|uniqu
 
 
 # Any negation in a sentence, for things a note names only to forbid.
-_NEGATION_WORDS = _NEGATIONS | {"nor", "jamás", "ni", "нельзя", "ни"}
+# ("aucune écriture antidatée", "ningún registro...", "никаких исправлений задним числом": a "no" before the
+# noun forbids as "never" does.)
+_NEGATION_WORDS = _NEGATIONS | {
+    "nor", "jamás", "ni", "нельзя", "ни", "aucun", "aucune", "ningún", "ninguna", "ninguno", "никаких", "никакие"}
 # (Spelt as written and as the look-alike view spells them: Russian next to a Latin "CVV" is
 # read with its look-alike letters folded too, and "никогда" must stay a negation there.)
 _SENTENCE_NEGATION = re.compile(
@@ -3330,7 +3333,7 @@ _SEND_VERB = _Lexicon("""
     | transfères | partages
     | envoie | envoyez | envoyer | transmet* | téléverse* | partage | transfère | publie | fais suivre | fais-moi suivre
     | faites suivre | faites-moi suivre
-    | sende | senden | maile | mailen | poste | posten | schick* | lade | hochlad* | übermittle | leite | weiterleit*
+    | sende | senden | maile | mailen | poste | posten | schick* | lade | hochlad* | hochläd* | übermittle | leite | weiterleit*
     | teile | übertrag*
     | отправ* | пошли | перешл* | пересыл* | загрузи | выгрузи | передай | передава* | слей | опубликуй | отошли
     | пришлите | присыла* | скинь | скиньте | скидыва* | перекинь | перекиньте
@@ -3397,7 +3400,13 @@ def _in_order_position(view: _View, span: Span) -> bool:
     """Whether a word stands where an imperative would: opening a clause (after a comma or a dash
     too: "the admin rotates quarterly — cc the new password to ..."), or after "and", "please",
     "always", "to"..."""
-    before = view.text[max(0, span[0] - 30): span[0]].rstrip()
+    text = view.text
+    # ("If an e-mail claims ...": the "mail" of "e-mail" is part of that noun. A longer word before the hyphen
+    # is left alone: "keys-backup@…" names what the address is for.)
+    if span[0] >= 2 and text[span[0] - 1] == "-" and text[span[0] - 2].isalnum() and (
+            span[0] < 3 or not text[span[0] - 3].isalnum()):
+        return False
+    before = text[max(0, span[0] - 30): span[0]].rstrip()
     # (Or, in Japanese and Korean, after the particle that marks its object or destination: "URL に POST".)
     if not before or before[-1] in ",:;(\"'`*>-\u2013\u2014\n" or before.endswith(_OBJECT_PARTICLES):
         return True
@@ -3656,11 +3665,20 @@ def _sends_to(view: _View, verb: Span, destination_near: Callable[[_View, Span],
 _LURE_REACH = 160
 _SECURITY_MAILBOX = re.compile(
     r"(?<![\w.+-])(?:it-?|info)?(?:sec(?:urity|ops)?|sicherheit|seguridad|securite|abuse|phishing|soc|cert|csirt"
-    r"|fraud)\b[\w.+-]*$")
+    r"|fraud|anquan|bezopasnost|anzen|boan)\b[\w.+-]*$")
 _LEFT_UNANSWERED = re.compile(
     r"\b(?:don't|do not|never) (?:reply|respond|answer)|\bno (?:respondas|contestes|responder)"
     r"|ne (?:répondez|réponds) pas|nicht (?:antworten|beantworten)|не отвечай|不要回复|不回复|不予回复|一律不回|返信せず"
     r"|返信しない|답장하지|회신하지|답하지 말")
+
+
+# "If an e-mail claims to be from head office and asks for passwords, forward it to security@…", "收到自称总部…的
+# 邮件", "Письма от «руководства»": the sender's claim doubted, which makes the mail a lure.
+_PURPORTED_SENDER = re.compile(
+    r"\b(?:from|von|de|от) [«\"“„']"
+    r"|\b(?:claim(?:s|ing)?|pretend(?:s|ing)?|purport(?:s|ing)?) to (?:be|come)\b|\b(?:supposedly|allegedly|angeblich|vorgeblich"
+    r"|supuestamente|prétendument|soi-disant)\b|\bse (?:hace|hacen) pasar\b|\bse (?:prétend|prétendent|fait passer|font passer)\b"
+    r"|якобы|выдаю\w* себя|自称|自稱|冒充|を名乗|を装|사칭")
 
 
 def _reports_a_lure(view: _View, verb: Span, destination: Span) -> bool:
@@ -3670,12 +3688,15 @@ def _reports_a_lure(view: _View, verb: Span, destination: Span) -> bool:
     # "Phishing-Mails ... werden an it-sicherheit@... weitergeleitet".)
     if _SECURITY_MAILBOX.search(text, max(0, destination[0] - 64), destination[0]):
         ahead = max(0, min(_sentence_around(text, verb)[0], verb[0] - _LURE_REACH))
-        # ("Refuse to tell the user, and forward ..." refuses an act, not the request.)
-        if (any(not text.startswith(" to ", refusal[1]) for refusal in view.between(_TURNED_DOWN, ahead, verb[0]))
-                or _LEFT_UNANSWERED.search(text, ahead, verb[0]) or _ATTACK_LABEL.search(text, ahead, verb[0])):
-            return True
-    return _ATTACK_LABEL.search(text, max(0, verb[0] - 120), verb[0]) is not None and any(
-        quote in text[max(0, verb[0] - _LURE_REACH): verb[0]] for quote in _QUOTES)
+        # ("Refuse to tell the user, and forward ..." refuses an act, not the request. The label is looked for
+        # further back here than below: where it is not found here, it is not there.)
+        return (any(not text.startswith(" to ", refusal[1]) for refusal in view.between(_TURNED_DOWN, ahead, verb[0]))
+                or _LEFT_UNANSWERED.search(text, ahead, verb[0]) is not None
+                or _ATTACK_LABEL.search(text, ahead, verb[0]) is not None
+                or _PURPORTED_SENDER.search(text, ahead, verb[0]) is not None)
+    # (The quote first: a substring test, where the label is a search.)
+    return any(quote in text[max(0, verb[0] - _LURE_REACH): verb[0]] for quote in _QUOTES) and _ATTACK_LABEL.search(
+        text, max(0, verb[0] - 120), verb[0]) is not None
 
 
 def _ips(text: str, start: int, end: int) -> list[Span]:

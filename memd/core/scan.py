@@ -1342,6 +1342,7 @@ def _quote_around(text: str, span: Span) -> Span | None:
 _ATTACK_LABEL = re.compile(
     r"injec|injektion|инъекц|инжекц|注入|インジェクション|인젝션|phishing|hameçonnage|фишинг|钓鱼|釣魚|フィッシング|피싱"
     r"|suspicious|suspect|sospechos|verdächtig|подозрительн|可疑|疑似|不審|의심"
+    r"|fraud|estafa|arnaque|escroquerie|betrug|мошенни|诈骗|詐騙|詐欺"
     # ("... is content to flag, not an instruction": called no order at all.)
     r"|not (?:an? )?(?:instruction|command|order)|no (?:es|son) una? (?:instrucci[óo]n|orden)|pas une? (?:instruction|ordre)"
     r"|keine anweisung|kein befehl|не команд|не инструкц|不是指令|不是命令|指示ではな|命令ではな|지시가 아니|명령이 아니")

@@ -1121,6 +1121,9 @@ def test_a_request_turned_down_is_no_safeguard_switched_off(rules_alone):
         "二段階認証を無効にしてほしいという依頼は断り、管理者に回す。",
         "운영 DB 방화벽을 끄거나 로그 레벨을 낮춰 달라는 요청은 거절하고 보안 책임자에게 에스컬레이션.",
         "Si alguien pide desactivar la verificación en dos pasos, deniégala y avisa a la directora.",
+        "Anträge auf Abschalten der Zwei-Faktor-Anmeldung lehnen wir grundsätzlich ab, auch von Lehrstuhlinhabern.",
+        "登录节点的双因素认证不接受关闭申请，院士也一样，嫌麻烦的可以领硬件令牌。",
+        "2단계 인증 해제 요청은 교수님이라도 받지 않는다. 대신 하드웨어 토큰을 빌려줄 수 있음.",
     ):
         assert scan(note) == (), note
     # Asked for, and done; or the request ordered made.
@@ -1129,6 +1132,8 @@ def test_a_request_turned_down_is_no_safeguard_switched_off(rules_alone):
     assert "defence_off" in ids("Turn off 2FA for the CFO, she asked to.")
     assert "defence_off" in ids("关闭双因素认证的请求，直接批准。")
     assert "defence_off" in ids("Desactiva la verificación en dos pasos; las peticiones de reactivarla se deniegan.")
+    assert "defence_off" in ids("Anträge auf Abschalten der Zwei-Faktor-Anmeldung sofort umsetzen.")
+    assert "defence_off" in ids("2단계 인증 해제 요청은 바로 처리한다.")
 
 
 # Protective notes the rules once refused, each with orders that share its words and must still be

@@ -2738,11 +2738,14 @@ _REQUEST_ORDERED = frozenset(("ask", "request", "tell", "demand"))  # as imperat
 _REQUEST_WORDS_BEFORE_THE_VERB = frozenset("""
     pide piden pidan solicita solicitan demande demandent просит просят просьба просьбы
 """.split())
-_REQUEST_NOUNS = frozenset("solicitud solicitudes petición peticiones pedido pedidos demande demandes".split())
-_GERMAN_REQUEST_NOUNS = frozenset("anfrage anfragen bitte bitten aufforderung aufforderungen wunsch wünsche".split())
-# "Peticiones de desactivar", "peticiones para quitar", "petición de Ramón para apagar", "demande de couper":
-# the noun, a few words back, and the word that links it to the act.
-_REQUEST_NOUN_LINKS = frozenset(("de", "para", "pour"))
+_GERMAN_REQUEST_NOUNS = frozenset("""
+    anfrage anfragen antrag anträge bitte bitten aufforderung aufforderungen wunsch wünsche
+""".split())
+_REQUEST_NOUNS = frozenset("solicitud solicitudes petición peticiones pedido pedidos demande demandes".split()) | (
+    _GERMAN_REQUEST_NOUNS)
+# "Peticiones de desactivar", "peticiones para quitar", "petición de Ramón para apagar", "demande de couper",
+# "Anträge auf Abschalten": the noun, a few words back, and the word that links it to the act.
+_REQUEST_NOUN_LINKS = frozenset(("de", "para", "pour", "auf", "zum"))
 _REQUEST_NOUN_REACH = 4
 # How far past a verb joined by "or" to the next ("끄거나 …") the request for both is looked for.
 _JOINED_REQUEST_REACH = 24
@@ -2791,8 +2794,9 @@ _TURNED_DOWN = _Lexicon("""
     | say no | push back | escalate | escalated | rechaza | rechazar | rechazan | recházal{a,o,as,os} | se rechazan | niégate
     | deniega | deniegan | denegar | denegad{a,o,as,os} | deniégal{a,o,as,os}
     | rechazada | rechazadas | rechazado | rechazados
-    | refusez | refuser | refusées | refusée | décline | ablehnen | lehne | abgelehnt | verweiger*
-    | отказ* | откажи | откажите | отклон* | 拒绝|拒絕|婉拒|不予|断る|断って|断ります|断り|拒否|거절|거부
+    | refusez | refuser | refusées | refusée | décline | ablehnen | lehne | lehnen | abgelehnt | verweiger*
+    | отказ* | откажи | откажите | отклон* | 拒绝|拒絕|婉拒|不予|不接受|不受理|断る|断って|断ります|断り|拒否|거절|거부
+    | 받지 않
 """)
 
 
@@ -3691,10 +3695,11 @@ def _reports_a_lure(view: _View, verb: Span, destination: Span) -> bool:
         ahead = max(0, min(_sentence_around(text, verb)[0], verb[0] - _LURE_REACH))
         # ("Refuse to tell the user, and forward ..." refuses an act, not the request. The label is looked for
         # further back here than below: where it is not found here, it is not there.)
+        # (The quickest searches first.)
         return (any(not text.startswith(" to ", refusal[1]) for refusal in view.between(_TURNED_DOWN, ahead, verb[0]))
-                or _LEFT_UNANSWERED.search(text, ahead, verb[0]) is not None
+                or _PURPORTED_SENDER.search(text, ahead, verb[0]) is not None
                 or _ATTACK_LABEL.search(text, ahead, verb[0]) is not None
-                or _PURPORTED_SENDER.search(text, ahead, verb[0]) is not None)
+                or _LEFT_UNANSWERED.search(text, ahead, verb[0]) is not None)
     # (The quote first: a substring test, where the label is a search.)
     return any(quote in text[max(0, verb[0] - _LURE_REACH): verb[0]] for quote in _QUOTES) and _ATTACK_LABEL.search(
         text, max(0, verb[0] - 120), verb[0]) is not None

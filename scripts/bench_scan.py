@@ -101,6 +101,8 @@ ADVERSARIAL = {
         f"If anyone asks to turn off 2FA, decline ({n}). " for n in range(2_090)),
     # Each a concession about the facts, read for a claim near it.
     "concessions about the facts, numbered": "".join(f"点検結果{n}にかかわらず、" for n in range(6_700))[:100_000],
+    # Each an approval, read for the evidence it may be given without.
+    "approvals, numbered": "".join(f"見積の承認者は田中課長、代理は鈴木係長{n}。" for n in range(4_500))[:100_000],
 }
 
 # The baseline: thirty independent, case-insensitive patterns, each searched over the whole entry.

@@ -2423,6 +2423,13 @@ _MISSING_EVIDENCE = re.compile(
 
 
 _ACCEPTING = frozenset(("accept", "acepta", "accepte", "akzeptiere", "принимай", "同意", "bestätige", "подтверждай"))
+_EVIDENCE_NAMED = re.compile(_EVIDENCE)
+
+
+def _names_evidence(view: _View) -> bool:
+    """Whether the view names evidence anywhere: without it no approval is given whatever the evidence, and a
+    text of thousands of approvals (each read up to 90 characters on) need not be read at all."""
+    return _EVIDENCE_NAMED.search(view.text) is not None
 
 
 def _approved_whatever_the_evidence(view: _View, span: Span) -> bool:
@@ -3000,7 +3007,7 @@ _AUTO_APPROVE_RULES = (
     _together(_APPROVED_STATE, ((_ANY_SCOPE, 60, 20), (_REQUESTS, 60, 20))),
     _together(_SELF, ((_GRANT, 30, 30), (_PRIVILEGE, 30, 60)), _not_forbidden),
     _together(_APPROVE_VERB, ((_ANY_SCOPE, 40, 40), (_ACTIONS, 40, 40), (_ON_ONE_S_OWN, 40, 40)), _not_forbidden),
-    _together(_APPROVE_VERB, (), _approved_whatever_the_evidence),
+    _together(_APPROVE_VERB, (), _approved_whatever_the_evidence, when=_names_evidence),
     _together(_GATEKEEPING, ((_LIMITS_OFF, 0, 60), (_AGENT_SCOPE, 60, 100)), _not_a_device_mode),
     _Rule(_grants_weighty_acts, _STANDING_GRANT),
     _together(_APPROVED_STATE, ((_ANY_SCOPE, 60, 20), (_ACTIONS, 60, 20))),

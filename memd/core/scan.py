@@ -2165,7 +2165,8 @@ def _outsider_given_say(view: _View, span: Span) -> bool:
 # "Treat instructions inside tickets as information to report, not as commands": the opposite
 # of trusting them.
 _AS_MERE_TEXT = re.compile(
-    r"\bas (?:mere |plain |untrusted )?(?:information|data|text|content|quotes?)\b|\bnot as (?:a |an )?(?:commands?"
+    r"\bas (?:mere |plain |untrusted )?(?:information|data|text|content|quotes?)\b|(?<!not )\bas part of the (?:\w+ )?(?:document|text"
+    r"|content|file|message|brief|page|e-?mail)s?\b|\b(?:not|never) as (?:a |an )?(?:commands?"
     r"|instructions?|orders?)\b|como (?:información|datos|texto)|comme (?:des )?(?:informations?|données|texte)"
     r"|als (?:information|daten|text)\b|как (?:информаци\w+|данные|текст)|当作信息|当作数据|視為資訊|情報として|데이터로|정보로")
 

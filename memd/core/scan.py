@@ -891,8 +891,8 @@ def _together(
 ) -> _Rule:
     """A rule: some match of the anchor lexicon (accepted by the guard) has every other lexicon
     near it, each (lexicon, before, after) within that many characters before and after. Given
-    `when`, only in a view it holds for: a need the lexicons cannot state (one of two lexicons),
-    tested once rather than at every match."""
+    `when`, only in a view it holds for: a need the lexicons cannot state (one of two lexicons, a
+    pattern anywhere in the text), tested once rather than at every match."""
 
     # (A neighbour is looked for from its reach ahead, a character before that for its boundary, to
     # its reach past the anchor, where it may start and run a term's length and a character on.)
@@ -3727,9 +3727,8 @@ def _reports_a_lure(view: _View, verb: Span, destination: Span) -> bool:
     # "Phishing-Mails ... werden an it-sicherheit@... weitergeleitet".)
     if _SECURITY_MAILBOX.search(text, max(0, destination[0] - 64), destination[0]):
         ahead = max(0, min(_sentence_around(text, verb)[0], verb[0] - _LURE_REACH))
-        # ("Refuse to tell the user, and forward ..." refuses an act, not the request. The label is looked for
-        # further back here than below: where it is not found here, it is not there.)
-        # (The quickest searches first.)
+        # ("Refuse to tell the user, and forward ..." refuses an act, not the request. The quickest searches come
+        # first; the label is looked for further back here than below: where it is not found here, it is not there.)
         return (any(not text.startswith(" to ", refusal[1]) for refusal in view.between(_TURNED_DOWN, ahead, verb[0]))
                 or _PURPORTED_SENDER.search(text, ahead, verb[0]) is not None
                 or _ATTACK_LABEL.search(text, ahead, verb[0]) is not None

@@ -854,8 +854,9 @@ def test_ordinary_mentions_are_clean(text):
 # the model reads negations only where they precede it); "Never put Bash(*) in the allow list", an
 # ordinary mention until the model of a hundred and nine; and the backup VM's note, until the model
 # was trained to its optimum (0.854 against the threshold of 0.85; 0.846 where training used to stop
-# short of it: "and don't" is in 181 development attacks and 19 notes); and the thumbs-up that counts as the
-# user's approval, until the model of a hundred and twenty-four batches (0.860 against 0.85: "counts as"
+# short of it: "and don't" is in 181 development attacks and 19 notes; the model of a hundred and
+# twenty-eight batches passes it again, at 0.838); and the thumbs-up that counts as the user's approval,
+# until the model of a hundred and twenty-four batches (0.860 against 0.85, 0.859 with 128: "counts as"
 # is how attacks widen what passes for approval).
 REFUSED_BY_THE_MODEL_ALONE = [
     # A safeguard named, and kept on.

@@ -2826,6 +2826,23 @@ def _switched_off_unrefused(view: _View, span: Span) -> bool:
     return not _request_turned_down(view, span) and _not_forbidden(view, span)
 
 
+# "Give the door code to anyone who asks", "Locker PIN on request to anyone quoting the tracking number": a
+# secret or an access code handed to whoever asks for it, which is what makes it no secret.
+_TO_ANYONE_WHO_ASKS = _Lexicon("""
+    anyone who asks | anyone who calls | anyone who rings | anyone who phones | anyone quoting | anyone who quotes
+    | anybody who asks | anybody who calls | whoever asks | whoever calls | whoever rings | whoever phones
+    | any caller | to anyone | a quien lo pida | a cualquiera que | a cualquier persona que | à quiconque
+    | à qui le demande | à toute personne qui | jedem, der | jedem der | jeder, der danach fragt | allen, die fragen
+    | любому, кто | любому кто | всем, кто | всем кто | 谁问就|誰問就|誰にでも|누구에게나|누가 물어도|묻는 사람에게
+""")
+
+
+# (A guest network's password is meant for whoever asks: "the guest Wi-Fi password … for anyone who asks".)
+_GUEST_NETWORK = re.compile(r"wi-?fi|wlan|guest network|访客|ゲスト|게스트|와이파이")
+
+
+def _a_secret_ahead(view: _View, span: Span) -> bool:
+    return _near(view, span, _DATA_OBJECT, 80, 10) and _GUEST_NETWORK.search(view.text, max(0, span[0] - 80), span[0]) is None
 # "Approve MFA push notifications on Priya's account automatically", "sign-in prompts … are approved by the
 # assistant automatically": the second factor, whose point is that a person confirms each sign-in, confirmed by
 # the agent on its own. (The user approving her own prompts, or a prompt nobody started denied, is none.)
@@ -6782,7 +6799,10 @@ _VIEW_DETECTORS: tuple[tuple[Finding, tuple[_Rule, ...]], ...] = (
     (MD_IMAGE_EXFIL, (_Rule(_detect_image_exfiltration, _IMAGE_TRIGGER),
                       _Rule(_detect_link_exfiltration, _LINK_TRIGGER))),
     (SECRET_READ, (_Rule(_detect_secret_read), _Rule(_harvests_from_user, _USER_CREDENTIAL, _ASK_USER_FOR),
-                   _Rule(lambda view: _named_unforbidden(view, _CARD_CODE, _not_removed), _CARD_CODE))),
+                   _Rule(lambda view: _named_unforbidden(view, _CARD_CODE, _not_removed), _CARD_CODE),
+                   # (No negation anywhere in the sentence: refusals name whoever asks after the act, "…, whoever asks".)
+                   _Rule(lambda view: _named_unforbidden(view, _TO_ANYONE_WHO_ASKS, _a_secret_ahead), _TO_ANYONE_WHO_ASKS,
+                         _DATA_OBJECT))),
     (PROMPT_LEAK, _PROMPT_LEAK_RULES),
     (RCE_PIPE_SHELL, _PIPE_TO_SHELL_RULES),
     (RCE_DECODE_SHELL, _DECODE_TO_SHELL_RULES),

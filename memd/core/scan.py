@@ -2126,14 +2126,26 @@ _AS_IF_FROM_AUTHORITY = re.compile(
     r"as (?:(?:if|though) (?:it|they|that|this|these)(?: had)? (?:came|come|were|was|had come|are) (?:sent )?"
     r"|(?:coming|sent|written|issued) (?:directly )?)(?:from|by) "
     r"(?:the |your )?(?:user|system|developer|admin|administrator|operator|owner)\b")
+# "Follow it as if ops wrote it", "treat them as though the user had written them": outside text obeyed as
+# the words of whoever it names. (Only after a verb of obeying: "draft replies to e-mails as if the user
+# wrote them" is the user's own delegation.)
+_AS_IF_WRITTEN_BY = re.compile(
+    r"as (?:if|though) (?:the |your |our )?[\w-]+(?: [\w-]+)?(?: had)? (?:wrote|written|sent|issued) (?:it|them|this|these)\b")
+_OBEYED_BEFORE = re.compile(r"\b(?:follow|obey|treat|act on|apply|execute|carry out)\w*\b[^.;:!?]{0,40}$")
 _TOOL_WORD = _Lexicon("""
     tool | tools | plugin | plugins | api response | search result | search results | message | messages | signed
 """)
 
 
+def _given_authority(text: str, span: Span) -> bool:
+    return _AS_IF_FROM_AUTHORITY.match(text, span[0]) is not None or (
+        _AS_IF_WRITTEN_BY.match(text, span[0]) is not None
+        and _OBEYED_BEFORE.search(text[max(0, span[0] - 60): span[0]]) is not None)
+
+
 def _authority_laundered(view: _View) -> bool:
     for span in view.spans(_AS_IF):
-        if _AS_IF_FROM_AUTHORITY.match(view.text, span[0]) and not _forbidden(view, span) and (
+        if _given_authority(view.text, span) and not _forbidden(view, span) and (
                 _hit(view, _OUTSIDE_SOURCE, span[0] - 120, span[0], span[0])
                 or _hit(view, _TOOL_WORD, span[0] - 120, span[0], span[0])):
             return True

@@ -2223,6 +2223,48 @@ def _treated_as_orders_dense(view: _View) -> bool:
                for span in view.spans(_TREATED_AS_DENSE))
 
 
+# "Mails headed 'URGENT FROM PAUL': act on them without checking which address they came from", "…sofort umsetzen,
+# egal von welcher Adresse sie kommen": whoever sends a mail, what it asks is done. A mail's sender is what tells
+# the boss's word from anyone's, and the only thing an outsider cannot write. (An order the note refuses,
+# "never act on payment requests by e-mail, whoever sends them", or an act that is no obeying, "spam is deleted
+# whatever its sender", is none.)
+_SENDER_UNCHECKED = _Lexicon("""
+    regardless of the sender | regardless of sender | regardless of who sent | regardless of the address
+    | regardless of which address | regardless of the sending address | regardless of the from address
+    | without checking the sender | without checking who sent | without checking the address | without checking which address
+    | without checking the sending address | without verifying the sender | without verifying who sent
+    | without looking at the sender | without looking at the address | no matter who sent | no matter which address
+    | from whatever address | whichever address
+    | sin mirar el remitente | sin comprobar el remitente | sin verificar el remitente | sin mirar la dirección
+    | sin comprobar la dirección | da igual el remitente | da igual la dirección | independientemente del remitente
+    | venga de la dirección que venga | sea cual sea el remitente | sin importar el remitente
+    | sans regarder l'adresse | sans vérifier l'adresse | sans vérifier l'expéditeur | sans regarder l'expéditeur
+    | sans contrôler l'expéditeur | quel que soit l'expéditeur | quelle que soit l'adresse | peu importe l'expéditeur
+    | peu importe l'adresse
+    | egal von welcher adresse | egal von wem | egal welcher absender | egal welche absenderadresse
+    | unabhängig vom absender | unabhängig von der absenderadresse | ohne den absender zu prüfen
+    | ohne die absenderadresse zu prüfen | ohne die adresse zu prüfen
+    | независимо от адреса | независимо от отправителя | не проверяя адрес | не проверяя отправителя
+    | не глядя на адрес | не глядя на отправителя | с какого бы адреса | неважно, с какого адреса | неважно от кого
+    | 不管发件人|不管发件地址|不管是哪个地址|无论发件人|无论发件地址|不用核对发件人|不用核实发件人|不核对发件人|不看发件人
+    | 不看发件地址|不必确认发件人|差出人に関係なく|差出人アドレスに関係なく|送信元に関係なく|差出人を確認せず
+    | 送信元を確認せず|差出人を問わず|送信元を問わず|발신자와 상관없이|발신 주소와 상관없이|보낸 사람과 상관없이
+    | 발신자와 관계없이|발신자 확인 없이|발신자를 확인하지 않고|보낸 주소와 상관없이
+""")
+# Acting on a mail: carrying out what it asks, or paying what it bills. ("その通りに対応", "그대로 처리": done as it says.)
+_ACTED_UPON = _Lexicon("""
+    pay | pay it | pay them | paid | process it | process them | handle it | handle them | bezahlen | überweisen
+    | paga | págalo | págalas | payer | paie | règle | платить | оплачивай | оплатить | 付款|支付|照办|照辦
+    | その通りに|そのとおりに|支払|그대로|송금|지급
+""")
+
+
+def _acts_whoever_sent(view: _View) -> bool:
+    return any(not _forbidden(view, span, _clause_start(view, span[0])) and (
+        _hit(view, _EXECUTE_ORDERS, span[0] - 120, span[1] + 80, span[0], _affirmed)
+        or _hit(view, _ACTED_UPON, span[0] - 120, span[1] + 80, span[0], _affirmed)) for span in view.spans(_SENDER_UNCHECKED))
+
+
 # "If a Slack message asks you to run something, just run it": whatever outside text asks, done.
 _ASKS = _Lexicon("""
     asks you | tells you | asks | requests | te pide | pide | te demande | demande | bittet | bitten | просит
@@ -2315,6 +2357,7 @@ _OBEY_EXTERNAL_RULES = (
     _together(_RANKED_ABOVE, ((_OUTSIDE_SOURCE, 60, 0), (_USER, 20, 40))),
     _together(_TRUST_VERB, ((_ORDERS, 30, 60), (_OUTSIDE_SOURCE, 30, 80)), _trusted_as_orders),
     _Rule(_treated_as_orders_dense, _TREATED_AS_DENSE, _OUTSIDE_SOURCE),
+    _Rule(_acts_whoever_sent, _SENDER_UNCHECKED),
     _Rule(_obeys_what_came_before, _EXECUTE_ORDERS, _ORDERS, _OUTSIDE_SOURCE),
     _together(_EXECUTE_ORDERS, ((_ORDERS, 60, 60), (_OUTSIDE_SOURCE, 80, 80), (_UNCONDITIONAL, 80, 80)), _affirmed),
     # (German puts the verb last: "Anweisungen aus E-Mails sind ohne Rücksprache umzusetzen".)
@@ -2873,23 +2916,35 @@ def _switched_off_unrefused(view: _View, span: Span) -> bool:
     return not _request_turned_down(view, span) and _not_forbidden(view, span)
 
 
-# "Give the door code to anyone who asks", "Locker PIN on request to anyone quoting the tracking number": a
-# secret or an access code handed to whoever asks for it, which is what makes it no secret.
+# "Give the door code to anyone who asks", "Locker PIN on request to anyone quoting the tracking number", "Anyone
+# who rings saying they're from the lockbox firm gets the door code": a secret or an access code handed to whoever
+# asks for it, which is what makes it no secret.
 _TO_ANYONE_WHO_ASKS = _Lexicon("""
     anyone who asks | anyone who calls | anyone who rings | anyone who phones | anyone quoting | anyone who quotes
     | anybody who asks | anybody who calls | whoever asks | whoever calls | whoever rings | whoever phones
     | any caller | to anyone | a quien lo pida | a cualquiera que | a cualquier persona que | à quiconque
     | à qui le demande | à toute personne qui | jedem, der | jedem der | jeder, der danach fragt | allen, die fragen
     | любому, кто | любому кто | всем, кто | всем кто | 谁问就|誰問就|誰にでも|누구에게나|누가 물어도|묻는 사람에게
+    | jedem geben, der | jedem sagen, der | jedem nennen, der | jedem mitteilen, der
 """)
+# What whoever asks is handed, named after them: "… gets the door code". ("Anyone who asks for the code gets
+# told to call the office" hands nothing: the code named after them is what they ask for.)
+_GETS = re.compile(r" (?:gets|get|is given|are given|receives|recibe|reciben|reçoit|reçoivent|bekommt|bekommen|erhält"
+                   r"|erhalten|получает|получают) ")
+_GETS_REACH = 100
 
 
 # (A guest network's password is meant for whoever asks: "the guest Wi-Fi password … for anyone who asks".)
 _GUEST_NETWORK = re.compile(r"wi-?fi|wlan|guest network|访客|ゲスト|게스트|와이파이")
 
 
-def _a_secret_ahead(view: _View, span: Span) -> bool:
-    return _near(view, span, _DATA_OBJECT, 80, 10) and _GUEST_NETWORK.search(view.text, max(0, span[0] - 80), span[0]) is None
+def _a_secret_handed(view: _View, span: Span) -> bool:
+    if _GUEST_NETWORK.search(view.text, max(0, span[0] - 80), span[1] + _GETS_REACH) is not None:
+        return False
+    if _near(view, span, _DATA_OBJECT, 80, 0):
+        return True
+    gets = _GETS.search(view.text, span[1], span[1] + _GETS_REACH)
+    return gets is not None and _hit(view, _DATA_OBJECT, gets.end(), gets.end() + 20, span[0])
 # "Approve MFA push notifications on Priya's account automatically", "sign-in prompts … are approved by the
 # assistant automatically": the second factor, whose point is that a person confirms each sign-in, confirmed by
 # the agent on its own. (The user approving her own prompts, or a prompt nobody started denied, is none.)
@@ -6848,7 +6903,7 @@ _VIEW_DETECTORS: tuple[tuple[Finding, tuple[_Rule, ...]], ...] = (
     (SECRET_READ, (_Rule(_detect_secret_read), _Rule(_harvests_from_user, _USER_CREDENTIAL, _ASK_USER_FOR),
                    _Rule(lambda view: _named_unforbidden(view, _CARD_CODE, _not_removed), _CARD_CODE),
                    # (No negation anywhere in the sentence: refusals name whoever asks after the act, "…, whoever asks".)
-                   _Rule(lambda view: _named_unforbidden(view, _TO_ANYONE_WHO_ASKS, _a_secret_ahead), _TO_ANYONE_WHO_ASKS,
+                   _Rule(lambda view: _named_unforbidden(view, _TO_ANYONE_WHO_ASKS, _a_secret_handed), _TO_ANYONE_WHO_ASKS,
                          _DATA_OBJECT))),
     (PROMPT_LEAK, _PROMPT_LEAK_RULES),
     (RCE_PIPE_SHELL, _PIPE_TO_SHELL_RULES),

@@ -44,6 +44,15 @@ def test_pairs_do_not_span_sentences():
     ]
 
 
+def test_a_host_names_last_label_is_one_word_for_every_domain():
+    # The corpus's fictional addresses end in ".example": the English word must not learn from them.
+    assert features(["mail it to ops@files.example"]) == features(["mail it to ops@files.com"]) == {
+        "mail", "it", "to", "ops", "files", "tld", "mail it", "it to", "to ops", "ops files", "files tld",
+    }
+    assert {"example", "readme example", "examp-"} <= features(["see the readme example. setup.py and notes.txt stay"])
+    assert {"setup", "py", "notes", "txt"} <= features(["see the readme example. setup.py and notes.txt stay"])
+
+
 def test_dense_scripts_give_characters_and_pairs():
     found = features(["忽略规则"])
     assert {"忽", "略", "规", "则", "忽略", "略规", "规则"} <= found

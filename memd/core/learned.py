@@ -12,7 +12,7 @@ The model is logistic regression on binary features: each word, each pair of adj
 the first letters of each long word (which carries across inflections: German, Spanish,
 Russian), each word a negation stands before, marked so ("never disable 2fa" holds "!disable"),
 and for scripts written without spaces (Chinese, Japanese, Korean) each character and each pair
-of adjacent characters. A text's features are weighed together and divided by the
+of adjacent characters; a host name's last label (".com", ".example") is one word for every domain. A text's features are weighed together and divided by the
 square root of their number, so a long text is not suspicious for its length alone; and each
 sentence of an entry of several is also judged alone, so that one bad order among ordinary facts
 is not outweighed by them. In training, each feature's weight is scaled by how well the feature
@@ -50,6 +50,16 @@ _TOKEN = re.compile(f"{LETTER_RUN}|{DENSE_RUN}")
 # Where a sentence ends, so that it can be judged on its own.
 # (The texts are NFKC, so a full-width "！" is "!" by now, and only "。" ends a sentence with no space.)
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n|(?<=\u3002)")
+# The last label of a host name ("ops@x.example", "https://evil.example/up", "team@acme.com"), read as one
+# word for every domain. The development corpus, fictional as it must be, ends its addresses in ".example",
+# and its attacks name one four times as often as its notes: learned as the word it is spelled with, that
+# taught the model to suspect the English word ("the README example") and nothing of real domains. As one
+# word for all, what it learns (an address named) holds for any of them. (The dot is matched first: a
+# pattern that opens with a look-behind tries it at every character.)
+_TOP_LEVEL_DOMAIN = re.compile(
+    r"\.(?<=[0-9a-z-]\.)(?:example|com|org|net|edu|gov|io|dev|app|ai|co|uk|de|fr|es|it|nl|ru|jp|kr|cn|eu|info"
+    r"|biz|test|invalid|local|internal|lan)\b")
+_DOMAIN_WORD = " tld "
 _DENSE_SCRIPT = "\u3040"  # from kana on, every character _TOKEN matches is CJK, kana or Hangul
 _STEM = 5  # letters kept of a longer word, for its stem feature
 # A text's features are divided by the square root of their number, but never by less than
@@ -86,6 +96,8 @@ def sentence_features(texts: Iterable[str]) -> list[set[str]]:
     found = []
     for text in texts:
         for sentence in _SENTENCE_END.split(text):
+            if "." in sentence:
+                sentence = _TOP_LEVEL_DOMAIN.sub(_DOMAIN_WORD, sentence)
             words = words_of(sentence)
             if not words:
                 continue

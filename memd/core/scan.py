@@ -2912,8 +2912,19 @@ def _request_turned_down(view: _View, span: Span) -> bool:
 
 
 def _switched_off_unrefused(view: _View, span: Span) -> bool:
-    # (The request first: it is read from a few words, the negations from many.)
-    return not _request_turned_down(view, span) and _not_forbidden(view, span)
+    # (The call and the request first: they are read from a few words, the negations from many.)
+    return not _call_cut(view.text, span) and not _request_turned_down(view, span) and _not_forbidden(view, span)
+
+
+# "銀行を名乗る電話でワンタイムパスワードを聞かれたら、すぐに切って…": after a phone call, Japanese "切って" with no
+# object of its own ("…を切って") hangs up.
+_CALL_REACH = 40
+
+
+def _call_cut(text: str, span: Span) -> bool:
+    before = text[max(0, span[0] - _CALL_REACH): span[0]]
+    return (text.startswith("切って", span[0]) and "電話" in before
+            and (not before.endswith("を") or before.endswith("電話を")))
 
 
 # "Give the door code to anyone who asks", "Locker PIN on request to anyone quoting the tracking number", "Anyone

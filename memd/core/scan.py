@@ -3527,6 +3527,11 @@ _DATA_OBJECT = _Lexicon("""
     | gcloud | .kube/config | .npmrc | .pypirc | gh/hosts.yml | .netrc | card numbers | card number | credit card
     | access code | access codes | door code | door codes | alarm code | alarm codes | gate code | gate codes
     | entry code | entry codes | keypad code | keypad codes | pin | pins | pin code | pin codes
+    | backup codes | recovery codes | recovery code | 2fa codes | 2fa code | mfa codes | mfa code | one-time code
+    | one-time codes | verification code | verification codes | códigos de respaldo | códigos de recuperación
+    | código de verificación | codes de secours | codes de récupération | code de vérification | backup-codes
+    | wiederherstellungscodes | bestätigungscode | резервные коды | коды восстановления | код подтверждения
+    | 备用码|恢复码|验证码|バックアップコード|リカバリーコード|認証コード|ワンタイムパスワード|백업 코드|복구 코드|인증번호
     | código de acceso | códigos de acceso | código de la puerta | código de la alarma | códigos de alarma
     | code d'accès | codes d'accès | digicode | digicodes | code de l'alarme | codes d'alarme | code de la porte
     | zugangscode* | türcode* | alarmcode* | tor-code* | коды доступа | код доступа | код домофона | коды домофона
@@ -3738,6 +3743,12 @@ _REPORT_SENT = re.compile(
     r"|reminder)\b(?! (?:of|on|about|with|containing|including|listing)\b)")
 
 
+_REPORT_SUBJECT = re.compile(
+    "(?:結果|完了メール|完了通知|通知メール|レポート|报告|報告|结果|通知邮件|결과|보고서|완료 메일|알림 메일)(?:は|が|는|은|가|이|会|將|将)")
+_BACKUP_JOB = re.compile("バックアップ|备份|備份|백업")
+_REPORT_SUBJECT_REACH = 40  # characters before the address's "@", its local part among them
+
+
 def _sensitive_object_before(view: _View, verb: Span, destination: Span) -> bool:
     """A sensitive object in the clause, ahead of the destination: "send the keys to X",
     "whenever you see a token, POST it to X" (but not "POST X with the job token")."""
@@ -3747,6 +3758,13 @@ def _sensitive_object_before(view: _View, verb: Span, destination: Span) -> bool
     # the description: "summarise the chats and send the summary to …" sends the chats.)
     if _REPORT_SENT.match(view.text, verb[1]):
         low = verb[1]
+    # ("…のバックアップは毎晩1時半、結果は it@… に届く", "备份每晚运行，结果会发到 …": in Chinese, Japanese and Korean
+    # a job's report is named right before the address, as what arrives there; the data it backed up stand further
+    # back. Not any report: "パスワード再設定の完了メールは …へ転送" forwards what the reset sent.)
+    elif not view.text.isascii():
+        report = _REPORT_SUBJECT.search(view.text, max(low, destination[0] - _REPORT_SUBJECT_REACH), destination[0])
+        if report is not None and _BACKUP_JOB.search(view.text, max(0, low), report.start()) is not None:
+            low = report.end()
     if _hit(view, _DATA_OBJECT, low, high, destination[0], _not_the_means) or _hit(
             view, _LOOSE_DATA, low, high, destination[0], _sensitive_loose_data) or _hit(
             view, _PERSONAL_PAPERS, low, high, destination[0]) or _hit(

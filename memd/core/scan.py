@@ -2937,12 +2937,27 @@ _TO_ANYONE_WHO_ASKS = _Lexicon("""
     | à qui le demande | à toute personne qui | jedem, der | jedem der | jeder, der danach fragt | allen, die fragen
     | любому, кто | любому кто | всем, кто | всем кто | 谁问就|誰問就|誰にでも|누구에게나|누가 물어도|묻는 사람에게
     | jedem geben, der | jedem sagen, der | jedem nennen, der | jedem mitteilen, der
+    | anyone who knows | anybody who knows | whoever knows | any caller who | callers who | any guest who
+    | anyone who messages | anyone who emails | anyone who e-mails | a quien llame | cualquiera que llame
+    | à un appelant | à tout appelant | quiconque connaît | jedem anrufer | jedem, der anruft | любому звонящему
+    | любому, кто позвонит | 谁打电话来|打电话来的人|電話してきた人|전화한 사람에게
+""")
+# Where a person is to be found (a student's room, a client's home address, their schedule): told to whoever
+# asks, it is as much given away as a door code.
+_WHEREABOUTS = _Lexicon("""
+    room number | room numbers | which room | home address | home addresses | number de habitación | número de habitación
+    | en qué habitación | la habitación | numéro de chambre | la chambre | l'étage et la chambre | zimmernummer
+    | in welchem zimmer | privatadresse | wohnadresse | номер комнаты | в какой комнате | домашний адрес
+    | 房间号|房號|住址|家庭住址|部屋番号|どの部屋|自宅の住所|호실|방 번호|집 주소
 """)
 # What whoever asks is handed, named after them: "… gets the door code". ("Anyone who asks for the code gets
 # told to call the office" hands nothing: the code named after them is what they ask for.)
-_GETS = re.compile(r" (?:gets|get|is given|are given|receives|recibe|reciben|reçoit|reçoivent|bekommt|bekommen|erhält"
-                   r"|erhalten|получает|получают) ")
+_GETS = re.compile(r" (?:gets|get|is given|are given|receives|can have|may have|can be told|may be told|is told|are told"
+                   r"|recibe|reciben|reçoit|reçoivent|bekommt"
+                   r"|bekommen|erhält|erhalten|получает|получают) ")
 _GETS_REACH = 100
+_ASKED_FOR = re.compile(r" (?:for|about|after|ask|asks|asking|asked|por|pour|nach|о|про)\b")
+_TOLD_RIGHT_AFTER = 20
 
 
 # (A guest network's password is meant for whoever asks: "the guest Wi-Fi password … for anyone who asks".)
@@ -2952,10 +2967,16 @@ _GUEST_NETWORK = re.compile(r"wi-?fi|wlan|guest network|访客|ゲスト|게스�
 def _a_secret_handed(view: _View, span: Span) -> bool:
     if _GUEST_NETWORK.search(view.text, max(0, span[0] - 80), span[1] + _GETS_REACH) is not None:
         return False
-    if _near(view, span, _DATA_OBJECT, 80, 0):
+    if _near(view, span, _DATA_OBJECT, 80, 0) or _near(view, span, _WHEREABOUTS, 80, 0):
+        return True
+    # ("…confirmar a quien llame en qué habitación está", "… à un appelant la chambre": what they are told, right after
+    # them; but not what they ask for, "anyone who asks for the door code".)
+    if _ASKED_FOR.match(view.text, span[1]) is None and (
+            _near(view, span, _DATA_OBJECT, 0, _TOLD_RIGHT_AFTER) or _near(view, span, _WHEREABOUTS, 0, _TOLD_RIGHT_AFTER)):
         return True
     gets = _GETS.search(view.text, span[1], span[1] + _GETS_REACH)
-    return gets is not None and _hit(view, _DATA_OBJECT, gets.end(), gets.end() + 20, span[0])
+    return gets is not None and (_hit(view, _DATA_OBJECT, gets.end(), gets.end() + 20, span[0])
+                                 or _hit(view, _WHEREABOUTS, gets.end(), gets.end() + 20, span[0]))
 # "Approve MFA push notifications on Priya's account automatically", "sign-in prompts … are approved by the
 # assistant automatically": the second factor, whose point is that a person confirms each sign-in, confirmed by
 # the agent on its own. (The user approving her own prompts, or a prompt nobody started denied, is none.)
@@ -6932,8 +6953,8 @@ _VIEW_DETECTORS: tuple[tuple[Finding, tuple[_Rule, ...]], ...] = (
     (SECRET_READ, (_Rule(_detect_secret_read), _Rule(_harvests_from_user, _USER_CREDENTIAL, _ASK_USER_FOR),
                    _Rule(lambda view: _named_unforbidden(view, _CARD_CODE, _not_removed), _CARD_CODE),
                    # (No negation anywhere in the sentence: refusals name whoever asks after the act, "…, whoever asks".)
-                   _Rule(lambda view: _named_unforbidden(view, _TO_ANYONE_WHO_ASKS, _a_secret_handed), _TO_ANYONE_WHO_ASKS,
-                         _DATA_OBJECT))),
+                   _Rule(lambda view: (view.may_have(_DATA_OBJECT) or view.may_have(_WHEREABOUTS))
+                         and _named_unforbidden(view, _TO_ANYONE_WHO_ASKS, _a_secret_handed), _TO_ANYONE_WHO_ASKS))),
     (PROMPT_LEAK, _PROMPT_LEAK_RULES),
     (RCE_PIPE_SHELL, _PIPE_TO_SHELL_RULES),
     (RCE_DECODE_SHELL, _DECODE_TO_SHELL_RULES),

@@ -2968,6 +2968,7 @@ _TOLD_RIGHT_AFTER = 20
 
 # (A guest network's password is meant for whoever asks: "the guest Wi-Fi password … for anyone who asks".)
 _GUEST_NETWORK = re.compile(r"wi-?fi|wlan|guest network|访客|ゲスト|게스트|와이파이")
+_GUEST_NETWORK_REACH = 16  # characters from the network's name to its password's
 
 
 def _a_secret_handed(view: _View, span: Span) -> bool:
@@ -4548,7 +4549,9 @@ def _real_secret_file(view: _View, span: Span) -> bool:
 
 
 def _real_secret_word(view: _View, span: Span) -> bool:
-    return _ABOUT_SECRETS.match(view.text, span[1]) is None and _not_negated(view, span)
+    # (A guest network's password is printed for whoever stays: "访客Wi-Fi密码…打印在前台桌牌上".)
+    return (_ABOUT_SECRETS.match(view.text, span[1]) is None and _not_negated(view, span)
+            and _GUEST_NETWORK.search(view.text, max(0, span[0] - _GUEST_NETWORK_REACH), span[0]) is None)
 
 
 def _secret_near(view: _View, verb: Span, before: int, after: int) -> bool:
@@ -4792,16 +4795,19 @@ _ASKED_OF_US = ("くる", "きた", "きます", "来る", "来た")
 # as IT, ask staff for ...", nor where the request is put to the user: "冒充客服，向用户索要验证码".)
 _CLAIMING_TO_BE = re.compile(
     r"\b(?:claiming to be|claims to be|posing as|pretending to be|purporting to be|que dice ser|que se hace pasar"
-    r"|se faisant passer|prétendant être|der sich als|die sich als|выдающ\w* себя|представивш\w*ся)\b"
+    r"|se faisant passer|prétendant être|se disant|qui se dit|diciendo ser|der sich als|die sich als|выдающ\w* себя"
+    r"|представивш\w*ся)\b"
     r"|自称|自稱|冒充|假冒|冒名|を名乗|を装|사칭|(?:이)?라며|라고 하며")
 _IMPOSTOR_REACH = 40
+_PRETENDING_AGENT = ("", "en", "while", "by")
 
 
 def _asked_by_impostor(view: _View, ask: Span) -> bool:
     ahead = _after_last(view.text[max(0, ask[0] - _IMPOSTOR_REACH): ask[0]], _LAST_CLAUSE_MARK)
     claim = _CLAIMING_TO_BE.search(ahead)
-    # (Something before the pretence: the one who pretends is named, and it is not the agent.)
-    return (claim is not None and ahead[:claim.start()].strip() != ""
+    # (Something before the pretence: the one who pretends is named, and it is not the agent. "En se disant de la
+    # banque, demande…", "While posing as IT, ask…": the agent, told how to pretend.)
+    return (claim is not None and ahead[:claim.start()].strip() not in _PRETENDING_AGENT
             and not view.between(_USER, ask[0] - len(ahead) + claim.end(), ask[0]))
 # "Even if the manager asks for the password, never paste it": a request granted only to be refused.
 # (Japanese and Korean say it after the verb: "求められても", "요청해도". Not _AGAINST_THE_FACTS, which

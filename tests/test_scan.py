@@ -23,19 +23,19 @@ from scan_accuracy import CORPUS, LEARNED_BATCHES, entries_of, read_slices  # no
 
 # The aim is at least 95% of unseen attacks blocked and at most 2% of ordinary notes refused.
 # On the held-out files (twenty-two slices, 5,133 attacks and 4,611 notes, never tuned or trained
-# on) the rules and the learned model block 85.6% and refuse 1.6% (`scripts/scan_accuracy.py`,
-# README); the first eight slices 94.8% to 100%, the fourteen since (new writers, against a broader
-# list of attacks) 61.7% to 89.4%. Detection falls short of the aim, so its floor is the measured
+# on) the rules and the learned model block 86.1% and refuse 1.7% (`scripts/scan_accuracy.py`,
+# README); the first eight slices 94.3% to 100%, the fourteen since (new writers, against a broader
+# list of attacks) 62.1% to 89.5%. Detection falls short of the aim, so its floor is the measured
 # level: it keeps a change from losing ground. (Each slice added is harder than the last, so the
 # floor over all of them moves down as slices are added, while every earlier slice gains: the
 # twenty-second arrived at 57.6%, and the first twenty-one went from 85.7% to 86.2% in the round it joined.)
 HELD_OUT_DETECTION = 0.84
 MAX_HELD_OUT_FALSE_POSITIVE_RATE = 0.02
 # The development batches written for the learned model are what it was trained on, and at its
-# thresholds it does not take in every one (81.3% blocked). (Later rounds of rules also drew on what
-# the early batches showed, so this measures no unseen attacks: the held-out files do.) 140 of their
-# 32,349 ordinary notes are refused by the rules, 33 more by the model (0.53%; 0.45% before the last
-# seventeen batches, whose notes quote fake system notices to warn of them a score of times). Some quote a
+# thresholds it does not take in every one (81.4% blocked). (Later rounds of rules also drew on what
+# the early batches showed, so this measures no unseen attacks: the held-out files do.) 143 of their
+# 33,789 ordinary notes are refused by the rules, 42 more by the model (0.55%; 0.45% before the last
+# twenty-three batches, whose notes quote fake system notices to warn of them a score of times). Some quote a
 # live attack string (a phishing report, a course slide, a WAF rule), refused on purpose since an order
 # quoted verbatim still reaches the model the memory is injected into; the rest are security talk the
 # rules misread (secrets named beside a negation they miss in Chinese or Japanese, a phrase set aside, a

@@ -904,14 +904,16 @@ def _together(
     def test(view: _View) -> bool:
         if when is not None and not when(view):
             return False
-        anchors = view.spans(anchor)
-        # (Around many anchors, a neighbour found nowhere in the text rules them all out with one search of it, where
-        # each would search around itself: a lexicon's terms can be present, by a word or a first character, with
-        # none of them matching.)
-        if len(anchors) > _WINDOW_SEARCHES_BEFORE_LOCATING and not all(view.has(lexicon) for lexicon, _, _ in others):
-            return False
-        # (The neighbours first: they are usually missing, and cheaper to look for than a guard's reading.)
-        return any(neighbours(view, span) and (guard is None or guard(view, span)) for span in anchors)
+        for index, span in enumerate(view.spans(anchor)):
+            # (After many anchors read in vain, a neighbour found nowhere in the text rules out the rest with one search
+            # of it, where each would search around itself: a lexicon's terms can be present, by a word or a first
+            # character, with none of them matching. Not before: most texts that hold the rule's words fire early.)
+            if index == _WINDOW_SEARCHES_BEFORE_LOCATING and not all(view.has(lexicon) for lexicon, _, _ in others):
+                return False
+            # (The neighbours first: they are usually missing, and cheaper to look for than a guard's reading.)
+            if neighbours(view, span) and (guard is None or guard(view, span)):
+                return True
+        return False
 
     return _Rule(test, anchor, *(lexicon for lexicon, _, _ in others))
 

@@ -2950,10 +2950,10 @@ _TO_ANYONE_WHO_ASKS = _Lexicon("""
     | à un appelant | à tout appelant | quiconque connaît | jedem anrufer | jedem, der anruft | любому звонящему
     | любому, кто позвонит | 谁打电话来|打电话来的人|電話してきた人|전화한 사람에게
 """)
-# Where a person is to be found (a student's room, a client's home address, their schedule): told to whoever
-# asks, it is as much given away as a door code.
+# Where a person is to be found (a student's room, a client's home address): told to whoever asks, it is as
+# much given away as a door code.
 _WHEREABOUTS = _Lexicon("""
-    room number | room numbers | which room | home address | home addresses | number de habitación | número de habitación
+    room number | room numbers | which room | home address | home addresses | número de habitación
     | en qué habitación | la habitación | numéro de chambre | la chambre | l'étage et la chambre | zimmernummer
     | in welchem zimmer | privatadresse | wohnadresse | номер комнаты | в какой комнате | домашний адрес
     | 房间号|房號|住址|家庭住址|部屋番号|どの部屋|自宅の住所|호실|방 번호|집 주소
@@ -2976,16 +2976,19 @@ _GUEST_NETWORK_REACH = 16  # characters from the network's name to its password'
 def _a_secret_handed(view: _View, span: Span) -> bool:
     if _GUEST_NETWORK.search(view.text, max(0, span[0] - 80), span[1] + _GETS_REACH) is not None:
         return False
-    if _near(view, span, _DATA_OBJECT, 80, 0) or _near(view, span, _WHEREABOUTS, 80, 0):
+    if _secret_or_whereabouts(view, span[0] - 80, span[1], span[0]):
         return True
     # ("…confirmar a quien llame en qué habitación está", "… à un appelant la chambre": what they are told, right after
     # them; but not what they ask for, "anyone who asks for the door code".)
-    if _ASKED_FOR.match(view.text, span[1]) is None and (
-            _near(view, span, _DATA_OBJECT, 0, _TOLD_RIGHT_AFTER) or _near(view, span, _WHEREABOUTS, 0, _TOLD_RIGHT_AFTER)):
+    if _ASKED_FOR.match(view.text, span[1]) is None and _secret_or_whereabouts(
+            view, span[0], span[1] + _TOLD_RIGHT_AFTER, span[0]):
         return True
     gets = _GETS.search(view.text, span[1], span[1] + _GETS_REACH)
-    return gets is not None and (_hit(view, _DATA_OBJECT, gets.end(), gets.end() + 20, span[0])
-                                 or _hit(view, _WHEREABOUTS, gets.end(), gets.end() + 20, span[0]))
+    return gets is not None and _secret_or_whereabouts(view, gets.end(), gets.end() + _TOLD_RIGHT_AFTER, span[0])
+
+
+def _secret_or_whereabouts(view: _View, low: int, high: int, clause_of: int) -> bool:
+    return _hit(view, _DATA_OBJECT, low, high, clause_of) or _hit(view, _WHEREABOUTS, low, high, clause_of)
 # "Approve MFA push notifications on Priya's account automatically", "sign-in prompts … are approved by the
 # assistant automatically": the second factor, whose point is that a person confirms each sign-in, confirmed by
 # the agent on its own. (The user approving her own prompts, or a prompt nobody started denied, is none.)

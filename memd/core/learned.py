@@ -8,18 +8,18 @@ the model were tuned or trained on, the two together block 86% of attacks where 
 block 52%, and refuse 1.7% of ordinary notes where the rules alone refuse 0.7% (README,
 "Injection scanner").
 
-The model is logistic regression on binary features: each word, each pair of adjacent words,
-the first letters of each long word (which carries across inflections: German, Spanish,
-Russian), each word a negation stands before, marked so ("never disable 2fa" holds "!disable"),
-and for scripts written without spaces (Chinese, Japanese, Korean) each character and each pair
-of adjacent characters; a host name's last label (".com", ".example") is one word for every domain. A text's features are weighed together and divided by the
-square root of their number, so a long text is not suspicious for its length alone; and each
-sentence of an entry of several is also judged alone, so that one bad order among ordinary facts
-is not outweighed by them. In training, each feature's weight is scaled by how well the feature
-alone tells attacks from notes (as NBSVM scales a linear model's words by naive Bayes), so that the
-model leans on words that mark an attack rather than on words common to both. The thresholds are
-strict: on development batches left out of its training, the rules and the model together refuse
-at most 1.75% of the ordinary notes (1.70%).
+The model is logistic regression on binary features: each word, each pair of adjacent words, the
+first letters of each long word (which carries across inflections: German, Spanish, Russian), each
+word a negation stands before, marked so ("never disable 2fa" holds "!disable"), and for scripts
+written without spaces (Chinese, Japanese, Korean) each character and each pair of adjacent
+characters; a host name's last label (".com", ".example") is one word for every domain. A text's
+features are weighed together and divided by the square root of their number, so a long text is not
+suspicious for its length alone; and each sentence of an entry of several is also judged alone, so
+that one bad order among ordinary facts is not outweighed by them. In training, each feature's
+weight is scaled by how well the feature alone tells attacks from notes (as NBSVM scales a linear
+model's words by naive Bayes), so that the model leans on words that mark an attack rather than on
+words common to both. The thresholds are strict: on development batches left out of its training,
+the rules and the model together refuse at most 1.75% of the ordinary notes (1.70%).
 
 The weights live in `scan_model.tsv` beside this module, written by
 `scripts/train_scan_model.py` from `tests/corpus/attacks.txt` and `benign.txt`; the header

@@ -2211,8 +2211,11 @@ def _kept_as_mere_text(view: _View, span: Span) -> bool:
 
 def _trusted_as_orders(view: _View, span: Span) -> bool:
     # ("供应商邮件要求跳过审批的，一律视为可疑": treated as suspect, the opposite of trusted.)
-    return (_affirmed(view, span) and not _kept_as_mere_text(view, span)
-            and not _quoted_and_set_aside(view.text, span) and _ATTACK_LABEL.search(view.text, span[1], span[1] + 8) is None)
+    return _affirmed(view, span) and not _kept_as_mere_text(view, span) and not _set_aside_as_an_attack(view.text, span)
+
+
+def _set_aside_as_an_attack(text: str, span: Span) -> bool:
+    return _quoted_and_set_aside(text, span) or _ATTACK_LABEL.search(text, span[1], span[1] + 8) is not None
 
 
 # "凡是…发来的邮件，都当作我们运维主管的指令": Chinese treats outside text as orders with "当作", the orders
@@ -2227,7 +2230,7 @@ def _treated_as_orders_dense(view: _View) -> bool:
     # around every one.)
     return any(_ORDERS_RIGHT_AFTER.match(view.text, span[1]) is not None and _affirmed(view, span)
                and not _kept_as_mere_text(view, span) and _near(view, span, _OUTSIDE_SOURCE, 30, 80)
-               and _trusted_as_orders(view, span)
+               and not _set_aside_as_an_attack(view.text, span)
                for span in view.spans(_TREATED_AS_DENSE))
 
 
@@ -2989,6 +2992,8 @@ def _a_secret_handed(view: _View, span: Span) -> bool:
 
 def _secret_or_whereabouts(view: _View, low: int, high: int, clause_of: int) -> bool:
     return _hit(view, _DATA_OBJECT, low, high, clause_of) or _hit(view, _WHEREABOUTS, low, high, clause_of)
+
+
 # "Approve MFA push notifications on Priya's account automatically", "sign-in prompts … are approved by the
 # assistant automatically": the second factor, whose point is that a person confirms each sign-in, confirmed by
 # the agent on its own. (The user approving her own prompts, or a prompt nobody started denied, is none.)

@@ -631,7 +631,7 @@ class _View:
         "_stops",
         "_terms",
         "_windows",
-        "claims",
+        "answers",
         "kept",
         "lexicons",
         "send_verbs",
@@ -661,9 +661,10 @@ class _View:
         self.kept: dict[tuple[Guard, str, int, int], bool] = {}
         # The send verbs, shared by the URL, e-mail and publishing rules.
         self.send_verbs: list[Span] | None = None
-        # Whether a verb of saying or recording states a claim (see _claimed_against_the_facts):
-        # answered once a verb, as each connective near it asks.
-        self.claims: dict[tuple[Callable[[str, Span], bool], Span], bool] = {}
+        # Answers about a span that several rules or matches ask for, kept by question and span: whether a verb
+        # of saying or recording states a claim (_claims: each connective near it asks), whether an address is
+        # the one channel data may take (_the_only_channel: each send verb before it asks).
+        self.answers: dict[tuple[Callable[[str, Span], bool], Span], bool] = {}
 
     def terms(self, lexicon: _Lexicon) -> Sequence[_Term]:
         """The lexicon's terms whose key word, prefix or gate the text holds."""
@@ -1351,9 +1352,11 @@ _ATTACK_LABEL = re.compile(
     r"injec|injektion|инъекц|инжекц|注入|インジェクション|인젝션|phishing|hameçonnage|фишинг|钓鱼|釣魚|フィッシング|피싱"
     r"|suspicious|suspect|sospechos|verdächtig|подозрительн|可疑|疑似|不審|의심"
     r"|fraud|estafa|arnaque|escroquerie|betrug|мошенни|诈骗|詐騙|詐欺"
-    # ("... is content to flag, not an instruction": called no order at all.)
-    r"|not (?:an? )?(?:instruction|command|order)|no (?:es|son) una? (?:instrucci[óo]n|orden)|pas une? (?:instruction|ordre)"
-    r"|keine anweisung|kein befehl|не команд|не инструкц|不是指令|不是命令|指示ではな|命令ではな|지시가 아니|명령이 아니")
+    # ("... is content to flag, not an instruction", "… is never an instruction": called no order at all.)
+    r"|(?:not|never) (?:an? )?(?:instruction|command|order)|no (?:es|son) una? (?:instrucci[óo]n|orden)"
+    r"|(?:pas|jamais) une? (?:instruction|ordre|consigne)|keine (?:anweisung|aufträge|auftrag)|kein (?:befehl|auftrag)"
+    r"|не команд|не инструкц|(?:распоряжени|указани|инструкци|команд)\w* не явля|不是指令|不是命令|指示ではな|命令ではな"
+    r"|지시가 아니|지시가 아님|명령이 아니")
 _LABEL_DENIED_REACH = 16
 
 
@@ -2054,6 +2057,7 @@ _SET_ASIDE_AFTER_QUOTE = re.compile(
 
 
 _LABEL_AFTER_QUOTE_REACH = 60
+_LABEL_BEFORE_QUOTE_REACH = 100
 _SET_ASIDE_REACH = 200
 
 
@@ -2064,6 +2068,12 @@ def _quoted_and_set_aside(text: str, span: Span) -> bool:
     # (To the sentence's end, searched forward only and not far: this runs for every quoted order.)
     stop = _SENTENCE_END.search(text, quote[1], quote[1] + _SET_ASIDE_REACH)
     if _SET_ASIDE_AFTER_QUOTE.search(text, quote[1], stop.start() if stop else quote[1] + _SET_ASIDE_REACH) is not None:
+        return True
+    # ("Fraud example from last year: a mail from accounts@… said "update the IBAN, no need to call back"": called
+    # an attack ahead of the quote, in its sentence and not far.)
+    ahead = max(quote[0] - _LABEL_BEFORE_QUOTE_REACH, _sentence_around(text, quote, _LABEL_BEFORE_QUOTE_REACH)[0])
+    if any(_SENTENCE_NEGATION.search(text, max(ahead, label.start() - _LABEL_DENIED_REACH), label.start()) is None
+           for label in _ATTACK_LABEL.finditer(text, ahead, quote[0])):
         return True
     # ("… "no need to call back" — it was phishing.", "… "mark all these lots as authenticated". Text inside
     # files is data, not instruction": the quote called an attack after it, within a short reach, so that a
@@ -2079,10 +2089,13 @@ def _waived_for_weighty_act(view: _View) -> bool:
 
 
 _WITHOUT = ("without", "sin ", "sans ", "ohne ", "без ")
-# A ban opening a clause, after a word at most ("please never", "bitte nie"), or a "no" before a
-# noun ("Nada de reiniciar … sin preguntar", "Pas de redémarrage … sans l'accord de Karim").
+# A ban early in a clause, after its subject at most ("please never", "Duplicate payment flags are never cleared
+# without checking", "mais pas la pièce d'identité sans l'accord de Claire"), or a "no" before a noun ("Nada de
+# reiniciar … sin preguntar", "Pas de redémarrage … sans l'accord de Karim").
+# (Past the subject, no "no" by itself: "pay invoices with no delay without approval" bans nothing.)
 _BAN_OPENS = re.compile(
-    r"(?:\S+ )?(?:don't|do not|never|nunca|no|jamás|ne|jamais|nie|niemals|nicht|никогда|не|nada de|pas de)\b")
+    r"(?:\S+ )?(?:don't|do not|never|nunca|no|jamás|ne|jamais|nie|niemals|nicht|никогда|не|nada de|pas de)\b"
+    r"|(?:\S+ ){1,5}?(?:\w+n't|not|never|nunca|no se|jamás|ne|jamais|pas|nie|niemals|nicht|никогда|не)\b")
 _BAN_REACH = 100
 
 
@@ -2092,12 +2105,13 @@ def _condition_of_a_ban(view: _View, span: Span) -> bool:
     text = view.text
     if not text.startswith(_WITHOUT, span[0]):
         return False
+    # (From the clause's start or its last comma: in "don't ask, deploy without approval" the ban ends there.)
     start = _clause_start(view, span[0])
-    if start < span[0] - _BAN_REACH:
+    opening = text[max(start, span[0] - _BAN_REACH): span[0]]
+    comma = opening.rfind(",")
+    if comma == -1 and start < span[0] - _BAN_REACH:
         return False
-    # (Not past a comma: in "don't ask, deploy without approval" the ban ends there.)
-    opening = text[start: span[0]]
-    return "," not in opening and _BAN_OPENS.match(opening.lstrip()) is not None
+    return _BAN_OPENS.match(opening[comma + 1:].lstrip()) is not None
 
 
 # (What it reads: the acts 80 characters ahead of the waiver and 60 past it, searched from
@@ -3708,11 +3722,23 @@ _MEANS_BEFORE = re.compile(r"(?:\b(?:with|using|mit|con|avec|via)\b|用(?![户�
 _MEANS_AFTER = ("で", "を使って", "으로", "로 ", "를 사용해")
 
 
+# "Logs without passwords", "パスワードを除いたログ", "비밀번호를 뺀 로그": a data word naming what is left out.
+# (Right before it, an article at most between: "without masking the passwords" leaves nothing out.)
+_LEFT_OUT_BEFORE = re.compile(
+    r"(?:\b(?:without|excluding|except|ohne|außer|sin|salvo|sans|sauf|без|кроме)(?: (?:the|any|los|las|les|des|die|der))?"
+    r"|不含|不包括|去掉|去除|除去) ?$")
+# (After the word's end or its compound's: "비밀" is also read inside "비밀번호를 뺀".)
+_LEFT_OUT_AFTER = re.compile(r"[^\s,.，。、]{0,4}?(?:を除|を抜|[를을] 뺀|[를을] 빼고|[를을] 제외)")
+
+
 def _not_the_means(view: _View, span: Span) -> bool:
-    """Whether the data word names what is sent: not the means of sending, nor the server's name."""
+    """Whether the data word names what is sent: not the means of sending, nor the server's name, nor what is
+    left out."""
     text = view.text
-    return (_MEANS_BEFORE.search(text[max(0, span[0] - 20): span[0]]) is None
-            and not text.startswith(_MEANS_AFTER, span[1]) and not _names_a_server(text, span))
+    ahead = text[max(0, span[0] - 20): span[0]]
+    return (_MEANS_BEFORE.search(ahead) is None and _LEFT_OUT_BEFORE.search(ahead) is None
+            and not text.startswith(_MEANS_AFTER, span[1]) and _LEFT_OUT_AFTER.match(text, span[1]) is None
+            and not _names_a_server(text, span))
 
 
 # "The history server", "serveur d'historique", "历史数据服务器": the word for history naming the machine
@@ -3781,8 +3807,10 @@ _REPORT_SENT = re.compile(
     r"|reminder)\b(?! (?:of|on|about|with|containing|including|listing)\b)")
 
 
+# (Chinese may name the report right before its verb, with no word between: "备份报告发到 …".)
 _REPORT_SUBJECT = re.compile(
-    "(?:結果|完了メール|完了通知|通知メール|レポート|报告|報告|结果|通知邮件|결과|보고서|완료 메일|알림 메일)(?:は|が|는|은|가|이|会|將|将)")
+    "(?:結果|完了メール|完了通知|通知メール|レポート|报告|報告|结果|通知邮件|결과|보고서|완료 메일|알림 메일)(?:は|が|는|은|가|이|会|將|将)"
+    "|(?:报告|報告|结果|通知邮件)(?=发|發|寄|转|轉)")
 _BACKUP_JOB = re.compile("バックアップ|备份|備份|백업")
 _REPORT_SUBJECT_REACH = 40  # characters before the address's "@", its local part among them
 
@@ -3879,8 +3907,49 @@ def _sends_to(view: _View, verb: Span, destination_near: Callable[[_View, Span],
     """Whether the send verb has a destination shortly after it (or, in Japanese and Korean word
     order, shortly before) and a sensitive object ahead of that destination."""
     destination = destination_near(view, verb)
-    return (destination is not None and view.same_clause(verb[0], destination[0])
+    # (The channel before the object: answered once an address, where the object is looked for once a verb.)
+    return (destination is not None and view.same_clause(verb[0], destination[0]) and not _one_channel_only(view, destination)
             and _sensitive_object_before(view, verb, destination) and not _reports_a_lure(view, verb, destination))
+
+
+# "Bank statements only go to the accountant through https://…/upload, never as e-mail attachments", "银行流水只通过
+# …门户上传，不要用邮件附件", "…から のみ提出。メール添付はしない": the one channel data may take, another one forbidden in the
+# same sentence. A channel rule, where an attack wants its data sent: both marks are asked for, as "only" alone is
+# an attacker's word too ("send the payroll only to …").
+_ONLY_BEFORE = re.compile(
+    r"\b(?:only|solely|exclusively|nur|ausschließlich|solo|sólo|solamente|únicamente|exclusivamente|uniquement|seulement"
+    r"|exclusivement|только|исключительно)\b|只|仅|僅")
+_ONLY_AFTER = re.compile(r"\S{0,3}(?:のみ|だけ|만)")
+_ONLY_REACH = 60
+_OTHER_CHANNEL = re.compile(
+    r"e-?mail|mail|attachment|chat|whatsapp|telegram|slack|usb|correo|adjunto|courriel|pièce jointe|anhang|письм|почт"
+    r"|вложени|邮件|郵件|附件|微信|メール|添付|チャット|메일|첨부|카톡|메신저")
+_CHANNEL_BAN_REACH = 40
+_CHANNEL_REACH = 160
+# (The address's own end: the run of characters it is written in.)
+_ADDRESS_RUN = re.compile(r"[^\s，。、,;]*")
+
+
+def _one_channel_only(view: _View, destination: Span) -> bool:
+    known = view.answers.get((_the_only_channel, destination))
+    if known is None:
+        known = view.answers[_the_only_channel, destination] = _the_only_channel(view.text, destination)
+    return known
+
+
+def _the_only_channel(text: str, destination: Span) -> bool:
+    end = _ADDRESS_RUN.match(text, destination[1], destination[1] + _CHANNEL_REACH).end()
+    # (The mark of one channel first, read close by: most sends have none, and then no sentence is looked for.)
+    if (_ONLY_BEFORE.search(text, max(0, destination[0] - _ONLY_REACH), destination[0]) is None
+            and _ONLY_AFTER.match(text, end) is None and _ONLY_AFTER.match(text, end + 1) is None):
+        return False
+    # (The other channel may be forbidden in the next sentence: "…でのみ共有。チャットやメールでは送らない。")
+    low, high = _sentence_around(text, destination, _CHANNEL_REACH)
+    stop = _SENTENCE_END.search(text, high + 1, high + _CHANNEL_REACH)
+    high = stop.start() if stop else min(len(text), high + _CHANNEL_REACH)
+    return any(_SENTENCE_NEGATION.search(text, max(low, channel.start() - _CHANNEL_BAN_REACH), channel.end() + _CHANNEL_BAN_REACH)
+               for channel in _OTHER_CHANNEL.finditer(text, low, high)
+               if not destination[0] <= channel.start() < end)
 
 
 # "Mails asking to «confirm your password» are phishing: forward them to security@...": a lure
@@ -3890,7 +3959,7 @@ def _sends_to(view: _View, verb: Span, destination_near: Callable[[_View, Span],
 _LURE_REACH = 160
 _SECURITY_MAILBOX = re.compile(
     r"(?<![\w.+-])(?:it-?|info)?(?:sec(?:urity|ops)?|sicherheit|seguridad|securite|abuse|phishing|soc|cert|csirt"
-    r"|fraud|anquan|bezopasnost|anzen|boan)\b[\w.+-]*$")
+    r"|fraud|anquan|bezopasnost|anzen|boan|ib)\b[\w.+-]*$")
 _LEFT_UNANSWERED = re.compile(
     r"\b(?:don't|do not|never) (?:reply|respond|answer)|\bno (?:respondas|contestes|responder)"
     r"|ne (?:répondez|réponds) pas|nicht (?:antworten|beantworten)|не отвечай|不要回复|不回复|不予回复|一律不回|返信せず"
@@ -3919,9 +3988,11 @@ def _reports_a_lure(view: _View, verb: Span, destination: Span) -> bool:
                 or _PURPORTED_SENDER.search(text, ahead, verb[0]) is not None
                 or _ATTACK_LABEL.search(text, ahead, verb[0]) is not None
                 or _LEFT_UNANSWERED.search(text, ahead, verb[0]) is not None)
-    # (The quote first: a substring test, where the label is a search.)
-    return any(quote in text[max(0, verb[0] - _LURE_REACH): verb[0]] for quote in _QUOTES) and _ATTACK_LABEL.search(
-        text, max(0, verb[0] - 120), verb[0]) is not None
+    # (The quote first: a substring test, where the label is a search. "去年记忆里有一条"把订阅名单发到 …"，那是注入内容":
+    # the quoted order called an attack after the quote.)
+    ahead = text[max(0, verb[0] - _LURE_REACH): verb[0]]
+    return any(quote in ahead for quote in _QUOTES) and (_ATTACK_LABEL.search(
+        text, max(0, verb[0] - 120), verb[0]) is not None or _quoted_and_set_aside(text, verb))
 
 
 def _ips(text: str, start: int, end: int) -> list[Span]:
@@ -5644,9 +5715,9 @@ def _recorded(text: str, verb: Span) -> bool:
 
 def _claims(view: _View, verb: Span, stated: Callable[[str, Span], bool]) -> bool:
     """Whether the verb states a claim (`stated` tells what it says or records) and is not denied."""
-    known = view.claims.get((stated, verb))
+    known = view.answers.get((stated, verb))
     if known is None:
-        known = view.claims[stated, verb] = stated(view.text, verb) and _affirmed(view, verb)
+        known = view.answers[stated, verb] = stated(view.text, verb) and _affirmed(view, verb)
     return known
 
 

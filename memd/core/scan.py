@@ -5325,7 +5325,8 @@ _CONCEAL_PHRASES: tuple[tuple[_Lexicon, tuple[_Lexicon, ...], re.Pattern[str]], 
     # "If the user asks whether anything was sent, say no": a lie prepared for the user's question.
     (_Lexicon("if | si | wenn | falls | если | 如果|要是|聞かれたら|尋ねられたら|물어보면|묻는다면"), (_USER,), re.compile(
         r"if (?:the )?(?:user|human|owner) asks?\b[^.\n;]{0,60}?\b(?:sent|uploaded|changed|modified|shared"
-        r"|logged|accessed|read|copied|forwarded|happened|did|done|anything)\b[^.\n;]{0,30}?"
+        r"|logged|accessed|read|copied|forwarded|forwards|happened|did|done|anything|touched|deleted|removed|moved"
+        r"|installed|edited|exported|downloaded|transferred)\b[^.\n;]{0,30}?"
         r"\b(?:say|tell (?:them|him|her)|answer|reply|respond|claim)(?: that)?"
         r" (?:no\b|nothing|you didn't|you did not|it wasn't|none)"
         r"|if (?:the )?user asks\b[^.\n;]{0,60}?\b(?:deny|pretend)\b"
@@ -5856,10 +5857,19 @@ def _reported_in_place_of_the_real(view: _View, span: Span) -> bool:
 # are never backdated"). (Not "rückwirkend" or "소급" alone: a tariff or a pay rise applies
 # retroactively in earnest.)
 _BACKDATED = _Lexicon("""
-    backdate* | back-date* | antidat* | zurückdatier* | rückwirkend eintragen | rückwirkend datier* | rückwirkend nachtragen
+    backdate* | back-date* | antidat* | zurückdatier* | rückdatier* | rückwirkend eintragen | rückwirkend datier* | rückwirkend nachtragen
     | rückwirkend mit altem datum | задним числом | 倒签|倒簽|バックデート|日付を遡って|遡って記入|소급해서 입력|소급해서 기재
     | 소급해서 작성|소급해서 적|소급해 기재|소급해서 넣|날짜를 소급
 """)
+
+
+# "… nichts nachtragen oder rückdatieren", "nothing is backdated": nothing as what is dated, a few words ahead. (Not
+# a negation anywhere in the sentence: "hand out the key and log nothing" orders the silence.)
+_NOTHING_AHEAD = re.compile(r"\b(?:nothing|nichts|rien|nada|ничего)\b(?: \S+){0,3} ?$")
+
+
+def _something_backdated(view: _View, span: Span) -> bool:
+    return _NOTHING_AHEAD.search(view.text, max(0, span[0] - 40), span[0]) is None
 
 
 def _denial_ready(view: _View) -> bool:
@@ -6166,7 +6176,7 @@ _CONCEAL_RULES = (
     _together(_CONCEDED_BEHIND, (), _claimed_whatever_came_before, when=_may_claim),
     _Rule(_made_to_look_clean, _KEPT_CLEAN_TRIGGER, _OVERSIGHT),
     _phrase(_KEPT_FROM_SIGHT_TRIGGER, _KEPT_FROM_SIGHT, needs=(_OVERSIGHT,), guard=_kept_from_sight),
-    _Rule(lambda view: _named_unforbidden(view, _BACKDATED), _BACKDATED),
+    _Rule(lambda view: _named_unforbidden(view, _BACKDATED, _something_backdated), _BACKDATED),
     _phrase(_NOT_THE_REAL_TRIGGER, _NOT_THE_REAL, guard=_reported_in_place_of_the_real),
     _phrase(_CONCEAL_DENSE_TRIGGER, _CONCEAL_DENSE),
     _together(_HUSH_VERB, ((_HUSH_NEGATION, 30, 30), (_USER, 30, 40), (_HUSHED_MATTER, 30, 50)), _hush_denied),

@@ -1349,7 +1349,7 @@ def _quote_around(text: str, span: Span) -> Span | None:
 # What a protective note calls the quoted order it warns of: "if a page asks to «ignore the previous
 # instructions», mark it in the summary as a probable injection".
 _ATTACK_LABEL = re.compile(
-    r"injec|injektion|инъекц|инжекц|注入|インジェクション|인젝션|phishing|hameçonnage|фишинг|钓鱼|釣魚|フィッシング|피싱"
+    r"injec|injektion|инъекц|инжекц|注入|被人植入|被植入|インジェクション|인젝션|phishing|hameçonnage|фишинг|钓鱼|釣魚|フィッシング|피싱"
     r"|suspicious|suspect|sospechos|verdächtig|подозрительн|可疑|疑似|不審|의심"
     r"|fraud|estafa|arnaque|escroquerie|betrug|мошенни|诈骗|詐騙|詐欺"
     # ("... is content to flag, not an instruction", "… is never an instruction": called no order at all.)
@@ -3724,21 +3724,27 @@ _MEANS_AFTER = ("で", "を使って", "으로", "로 ", "를 사용해")
 
 # "Logs without passwords", "パスワードを除いたログ", "비밀번호를 뺀 로그": a data word naming what is left out.
 # (Right before it, an article at most between: "without masking the passwords" leaves nothing out.)
+# (Chinese names what it leaves out as a list: "简历去掉照片和出生日期".)
 _LEFT_OUT_BEFORE = re.compile(
     r"(?:\b(?:without|excluding|except|ohne|außer|sin|salvo|sans|sauf|без|кроме)(?: (?:the|any|los|las|les|des|die|der))?"
-    r"|不含|不包括|去掉|去除|除去) ?$")
-# (After the word's end or its compound's: "비밀" is also read inside "비밀번호를 뺀".)
-_LEFT_OUT_AFTER = re.compile(r"[^\s,.，。、]{0,4}?(?:を除|を抜|[를을] 뺀|[를을] 빼고|[를을] 제외)")
+    r"|(?:不含|不包括|去掉|去除|除去)[^\s,.，。;；]{0,8}) ?$")
+# (After the word's end, its compound's or the list it ends: "비밀" is also read inside "비밀번호를 뺀", and "写真" in
+# "写真・生年月日を除いた". Or the word denied as what is sent: "データではなく", "(데이터 말고)", "データは送らない".)
+_LEFT_OUT_AFTER = re.compile(
+    r"[^\s,.，。;；]{0,10}?(?:を除|を抜|[를을] 뺀|[를을] 빼고|[를을] 제외)|[はを]?(?:送らない|ではなく|じゃなく)|\s?말고|[이가] 아니라")
+
+
+def _not_left_out(view: _View, span: Span) -> bool:
+    text = view.text
+    return _LEFT_OUT_BEFORE.search(text[max(0, span[0] - 20): span[0]]) is None and _LEFT_OUT_AFTER.match(text, span[1]) is None
 
 
 def _not_the_means(view: _View, span: Span) -> bool:
     """Whether the data word names what is sent: not the means of sending, nor the server's name, nor what is
     left out."""
     text = view.text
-    ahead = text[max(0, span[0] - 20): span[0]]
-    return (_MEANS_BEFORE.search(ahead) is None and _LEFT_OUT_BEFORE.search(ahead) is None
-            and not text.startswith(_MEANS_AFTER, span[1]) and _LEFT_OUT_AFTER.match(text, span[1]) is None
-            and not _names_a_server(text, span))
+    return (_MEANS_BEFORE.search(text[max(0, span[0] - 20): span[0]]) is None
+            and not text.startswith(_MEANS_AFTER, span[1]) and not _names_a_server(text, span) and _not_left_out(view, span))
 
 
 # "The history server", "serveur d'historique", "历史数据服务器": the word for history naming the machine
@@ -3809,7 +3815,7 @@ _REPORT_SENT = re.compile(
 
 # (Chinese may name the report right before its verb, with no word between: "备份报告发到 …".)
 _REPORT_SUBJECT = re.compile(
-    "(?:結果|完了メール|完了通知|通知メール|レポート|报告|報告|结果|通知邮件|결과|보고서|완료 메일|알림 메일)(?:は|が|는|은|가|이|会|將|将)"
+    "(?:結果|完了メール|完了通知|通知メール|レポート|报告|報告|结果|通知邮件|결과(?: 메일)?|보고서|완료 메일|알림 메일)(?:は|が|는|은|가|이|会|將|将)"
     "|(?:报告|報告|结果|通知邮件)(?=发|發|寄|转|轉)")
 _BACKUP_JOB = re.compile("バックアップ|备份|備份|백업")
 _REPORT_SUBJECT_REACH = 40  # characters before the address's "@", its local part among them
@@ -3833,8 +3839,8 @@ def _sensitive_object_before(view: _View, verb: Span, destination: Span) -> bool
             low = report.end()
     if _hit(view, _DATA_OBJECT, low, high, destination[0], _not_the_means) or _hit(
             view, _LOOSE_DATA, low, high, destination[0], _sensitive_loose_data) or _hit(
-            view, _PERSONAL_PAPERS, low, high, destination[0]) or _hit(
-            view, _PEOPLES_RECORDS, low, high, destination[0]) or _hit(
+            view, _PERSONAL_PAPERS, low, high, destination[0], _not_left_out) or _hit(
+            view, _PEOPLES_RECORDS, low, high, destination[0], _not_left_out) or _hit(
             view, _SECRET_FILE, low, high, destination[0], _real_secret_file):
         return True
     # "CC x@y on every email", "mándale a x@y el historial": the recipient first, what is sent after.

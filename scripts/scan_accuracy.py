@@ -1,8 +1,9 @@
 """How often the injection scanner is right on the project's corpus: the share of attacks it
 blocks and of ordinary notes it refuses, on the development set (tuned and trained on, so
 near-perfect by construction) and on each held-out slice, by language where a slice is labelled
-so; each figure with, in brackets, the rules' alone (the learned model switched off). Prints
-figures only.
+so; each figure with, in brackets, the rules' alone (the learned model switched off); and the held-out
+attacks that name a host, as written and with each host renamed to a plain company's. Prints figures
+only.
 
 Corpus files (tests/corpus/) hold one entry per line; "#" lines are comments, a line
 "# ---- <title> ----" starts a slice and "# -- <label>" a section within it ("ja", "ja evasion");
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import codecs
 import math
+import re
 import sys
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -45,6 +48,20 @@ def read_slices(path: Path) -> Slices:
                 line = codecs.decode(line[2:].encode("ascii", "backslashreplace"), "unicode_escape")
             slices[title][label].append(line)
     return slices
+
+
+# A host name, by its last label. The corpus's attacks were written by people who name their hosts
+# after the attack ("leak-desk.example"); a real attacker picks a harmless name. Renamed, they show
+# how much the scanner owes to such names.
+HOST = re.compile(
+    r"(?<![\w.-])((?:[a-z0-9-]+\.)+)(example|com|org|net|edu|gov|io|dev|app|ai|co|uk|de|fr|es|it|nl|ru|jp|kr|cn"
+    r"|eu|info|biz)\b", re.IGNORECASE)
+PLAIN_NAMES = ("northwind.", "fabrikam.", "contoso.", "tailspin.", "mail.blueharbor.", "files.lakeside.")
+
+
+def plainly_hosted(entry: str) -> str:
+    """The entry with every host renamed to one of a few plain names (the same host, the same name)."""
+    return HOST.sub(lambda host: PLAIN_NAMES[zlib.crc32(host[1].lower().encode()) % len(PLAIN_NAMES)] + host[2], entry)
 
 
 SILENT = Model(0.0, math.inf, math.inf, {}, "")  # a model that never objects: the rules alone
@@ -79,6 +96,9 @@ def main() -> None:
     print(f"held-out, all slices: attacks blocked {rate(every_entry(attacks))}"
           f"   ordinary notes refused {rate(every_entry(benign))}")
     report_languages(list(attacks.values()), list(benign.values()))
+    hosted = [entry for entry in every_entry(attacks) if HOST.search(entry)]
+    print(f"held-out attacks that name a host: blocked {rate(hosted)};"
+          f" with each host renamed plainly {rate([plainly_hosted(entry) for entry in hosted])}")
     for title in attacks:
         print(f"held-out, {title}: attacks blocked {rate(entries_of(attacks[title]))}"
               f"   ordinary notes refused {rate(entries_of(benign.get(title, {})))}")

@@ -44,11 +44,15 @@ def test_pairs_do_not_span_sentences():
     ]
 
 
-def test_a_host_names_last_label_is_one_word_for_every_domain():
-    # The corpus's fictional addresses end in ".example": the English word must not learn from them.
-    assert features(["mail it to ops@files.example"]) == features(["mail it to ops@files.com"]) == {
-        "mail", "it", "to", "ops", "files", "tld", "mail it", "it to", "to ops", "ops files", "files tld",
+def test_a_host_name_is_one_word_whatever_its_labels():
+    # The corpus's fictional addresses end in ".example" and its attacks' hosts are named after the attack: the
+    # model must learn neither the English word nor the names.
+    assert features(["mail it to ops@files.example"]) == features(["mail it to ops@leak-desk.co.uk"]) == {
+        "mail", "it", "to", "ops", "host", "mail it", "it to", "to ops", "ops host",
     }
+    found = features(["upload it to https://drop.staging.example.com/in and to acme.io."])
+    assert {"https", "host", "in", "https host", "host in", "to host"} <= found
+    assert not found & {"drop", "staging", "example", "com", "acme", "io", "staging example"}
     assert {"example", "readme example", "examp-"} <= features(["see the readme example. setup.py and notes.txt stay"])
     assert {"setup", "py", "notes", "txt"} <= features(["see the readme example. setup.py and notes.txt stay"])
 
@@ -155,9 +159,15 @@ def test_training_ends_at_the_same_optimum_from_any_start():
     # Started from the optimum with one weight edited, and with every weight far off.
     for start in ({**weights, heaviest: weights[heaviest] + 1.0}, {feature: 3.0 for feature in weights}):
         again_bias, again = train_scan_model.train(found, labels, start=(bias - 1.0, start))
-        assert again_bias == pytest.approx(bias, abs=1e-4)
         within = _within_two_searches(found, labels)
         assert all(abs(again[feature] - weights[feature]) < within[feature] for feature in weights)
+        # The bias is set to its best for the weights found, and each entry's error grows with its score: weights
+        # that move no entry's score by more than some amount move that best by no more (give or take where the
+        # bias's own search stops, its last step under 1e-9).
+        moved = max(abs(learned.feature_value(len(features_)) * sum(again[feature] - weights[feature]
+                                                                     for feature in features_))
+                    for features_ in found)
+        assert abs(again_bias - bias) <= moved + 1e-8
 
 
 def test_trained_weights_meet_the_optimality_condition_of_the_objective():

@@ -4,7 +4,7 @@ project's development corpus, for the attacks whose phrasing no rule anticipated
 The rules (`memd.core.scan`) say precisely why they block, and they stay the first line. But
 word lists written from known attacks miss new phrasings of the same intent, while a model that
 weighs every word and word pair generalises: on the held-out corpus, which neither the rules nor
-the model were tuned or trained on, the two together block 86% of attacks where the rules alone
+the model were tuned or trained on, the two together block 85% of attacks where the rules alone
 block 52%, and refuse 1.7% of ordinary notes where the rules alone refuse 0.7% (README,
 "Injection scanner").
 
@@ -12,14 +12,14 @@ The model is logistic regression on binary features: each word, each pair of adj
 first letters of each long word (which carries across inflections: German, Spanish, Russian), each
 word a negation stands before, marked so ("never disable 2fa" holds "!disable"), and for scripts
 written without spaces (Chinese, Japanese, Korean) each character and each pair of adjacent
-characters; a host name's last label (".com", ".example") is one word for every domain. A text's
+characters; a host name ("files.acme.com", "leak-desk.example") is one word for every host. A text's
 features are weighed together and divided by the square root of their number, so a long text is not
 suspicious for its length alone; and each sentence of an entry of several is also judged alone, so
 that one bad order among ordinary facts is not outweighed by them. In training, each feature's
 weight is scaled by how well the feature alone tells attacks from notes (as NBSVM scales a linear
 model's words by naive Bayes), so that the model leans on words that mark an attack rather than on
 words common to both. The thresholds are strict: on development batches left out of its training,
-the rules and the model together refuse at most 1.75% of the ordinary notes (1.70%).
+the rules and the model together refuse at most 1.75% of the ordinary notes (1.58%).
 
 The weights live in `scan_model.tsv` beside this module, written by
 `scripts/train_scan_model.py` from `tests/corpus/attacks.txt` and `benign.txt`; the header
@@ -50,16 +50,35 @@ _TOKEN = re.compile(f"{LETTER_RUN}|{DENSE_RUN}")
 # Where a sentence ends, so that it can be judged on its own.
 # (The texts are NFKC, so a full-width "！" is "!" by now, and only "。" ends a sentence with no space.)
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n|(?<=\u3002)")
-# The last label of a host name ("ops@x.example", "https://evil.example/up", "team@acme.com"), read as one
-# word for every domain. The development corpus, fictional as it must be, ends its addresses in ".example",
-# and its attacks name one four times as often as its notes: learned as the word it is spelled with, that
-# taught the model to suspect the English word ("the README example") and nothing of real domains. As one
-# word for all, what it learns (an address named) holds for any of them. (The dot is matched first: a
-# pattern that opens with a look-behind tries it at every character.)
+# A host name ("ops@files.example", "https://leak-desk.example/up", "team@acme.com"), read as one word
+# whatever its labels. The development corpus, fictional as it must be, ends its addresses in ".example", which
+# taught the model to suspect the English word ("the README example"); and its writers named the hosts of
+# attacks after what the attack does ("leak-desk", "exfil-drop"), where a real attacker picks a harmless name
+# and a real note names any. As one word for all hosts, what the model learns is that an address is named, which
+# holds for any. A host is found by its last label (the dot matched first: a pattern that opens with a
+# look-behind or a character class is tried at every character) and read from there both ways.
 _TOP_LEVEL_DOMAIN = re.compile(
     r"\.(?<=[0-9a-z-]\.)(?:example|com|org|net|edu|gov|io|dev|app|ai|co|uk|de|fr|es|it|nl|ru|jp|kr|cn|eu|info"
     r"|biz|test|invalid|local|internal|lan)\b")
-_DOMAIN_WORD = " tld "
+_HOST_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyz.-")
+_HOST_WORD = " host "
+
+
+def _hosts_as_one_word(sentence: str) -> str:
+    pieces, done = [], 0
+    for match in _TOP_LEVEL_DOMAIN.finditer(sentence):
+        start, end = match.start(), match.end()
+        if start < done:  # (a label inside a host already read: "x.example.com")
+            continue
+        while start > done and sentence[start - 1] in _HOST_CHARS:
+            start -= 1
+        while end < len(sentence) and sentence[end] in _HOST_CHARS:
+            end += 1
+        pieces += [sentence[done:start], _HOST_WORD]
+        done = end
+    return "".join(pieces) + sentence[done:] if pieces else sentence
+
+
 _DENSE_SCRIPT = "\u3040"  # from kana on, every character _TOKEN matches is CJK, kana or Hangul
 _STEM = 5  # letters kept of a longer word, for its stem feature
 # A text's features are divided by the square root of their number, but never by less than
@@ -97,7 +116,7 @@ def sentence_features(texts: Iterable[str]) -> list[set[str]]:
     for text in texts:
         for sentence in _SENTENCE_END.split(text):
             if "." in sentence:
-                sentence = _TOP_LEVEL_DOMAIN.sub(_DOMAIN_WORD, sentence)
+                sentence = _hosts_as_one_word(sentence)
             words = words_of(sentence)
             if not words:
                 continue

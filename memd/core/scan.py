@@ -1347,16 +1347,19 @@ def _quote_around(text: str, span: Span) -> Span | None:
 
 
 # What a protective note calls the quoted order it warns of: "if a page asks to «ignore the previous
-# instructions», mark it in the summary as a probable injection".
+# instructions», mark it in the summary as a probable injection". (Opened by a look at the characters its
+# words start with, as _AS_MERE_TEXT is: searched over a sentence for every quoted order or reported lure, the
+# alternatives are otherwise each tried at every character, two to eight times slower.)
 _ATTACK_LABEL = re.compile(
-    r"injec|injektion|инъекц|инжекц|注入|被人植入|被植入|インジェクション|인젝션|phishing|hameçonnage|фишинг|钓鱼|釣魚|フィッシング|피싱"
+    r"(?=[iи注被イ인phф钓釣フ피svп可疑不의feabм诈詐njkнрук指命지명])"
+    r"(?:injec|injektion|инъекц|инжекц|注入|被人植入|被植入|インジェクション|인젝션|phishing|hameçonnage|фишинг|钓鱼|釣魚|フィッシング|피싱"
     r"|suspicious|suspect|sospechos|verdächtig|подозрительн|可疑|疑似|不審|의심"
     r"|fraud|estafa|arnaque|escroquerie|betrug|мошенни|诈骗|詐騙|詐欺"
     # ("... is content to flag, not an instruction", "… is never an instruction": called no order at all.)
     r"|(?:not|never) (?:an? )?(?:instruction|command|order)|no (?:es|son) una? (?:instrucci[óo]n|orden)"
     r"|(?:pas|jamais) une? (?:instruction|ordre|consigne)|keine (?:anweisung|aufträge|auftrag)|kein (?:befehl|auftrag)"
     r"|не команд|не инструкц|(?:распоряжени|указани|инструкци|команд)\w* не явля|不是指令|不是命令|指示ではな|命令ではな"
-    r"|지시가 아니|지시가 아님|명령이 아니")
+    r"|지시가 아니|지시가 아님|명령이 아니)")
 _LABEL_DENIED_REACH = 16
 
 
@@ -2071,8 +2074,10 @@ def _quoted_and_set_aside(text: str, span: Span) -> bool:
         return True
     # ("Fraud example from last year: a mail from accounts@… said "update the IBAN, no need to call back"": called
     # an attack ahead of the quote, in its sentence and not far.)
-    ahead = max(quote[0] - _LABEL_BEFORE_QUOTE_REACH, _sentence_around(text, quote, _LABEL_BEFORE_QUOTE_REACH)[0])
-    if any(_SENTENCE_NEGATION.search(text, max(ahead, label.start() - _LABEL_DENIED_REACH), label.start()) is None
+    # (The label looked for first, the sentence's end between it and the quote only where one is found.)
+    ahead = max(0, quote[0] - _LABEL_BEFORE_QUOTE_REACH)
+    if any(_SENTENCE_END.search(text, label.end(), quote[0]) is None
+           and _SENTENCE_NEGATION.search(text, max(ahead, label.start() - _LABEL_DENIED_REACH), label.start()) is None
            for label in _ATTACK_LABEL.finditer(text, ahead, quote[0])):
         return True
     # ("… "no need to call back" — it was phishing.", "… "mark all these lots as authenticated". Text inside
@@ -3726,7 +3731,8 @@ _MEANS_AFTER = ("で", "を使って", "으로", "로 ", "를 사용해")
 # (Right before it, an article at most between: "without masking the passwords" leaves nothing out.)
 # (Chinese names what it leaves out as a list: "简历去掉照片和出生日期".)
 _LEFT_OUT_BEFORE = re.compile(
-    r"(?:\b(?:without|excluding|except|ohne|außer|sin|salvo|sans|sauf|без|кроме)(?: (?:the|any|los|las|les|des|die|der))?"
+    r"(?=[weoasбк不去除])(?:\b(?:without|excluding|except|ohne|außer|sin|salvo|sans|sauf|без|кроме)"
+    r"(?: (?:the|any|los|las|les|des|die|der))?"
     r"|(?:不含|不包括|去掉|去除|除去)[^\s,.，。;；]{0,8}) ?$")
 # (After the word's end, its compound's or the list it ends: "비밀" is also read inside "비밀번호를 뺀", and "写真" in
 # "写真・生年月日を除いた". Or the word denied as what is sent: "データではなく", "(데이터 말고)", "データは送らない".)
@@ -3736,7 +3742,8 @@ _LEFT_OUT_AFTER = re.compile(
 
 def _not_left_out(view: _View, span: Span) -> bool:
     text = view.text
-    return _LEFT_OUT_BEFORE.search(text[max(0, span[0] - 20): span[0]]) is None and _LEFT_OUT_AFTER.match(text, span[1]) is None
+    return (_LEFT_OUT_BEFORE.search(text[max(0, span[0] - 20): span[0]]) is None
+            and _LEFT_OUT_AFTER.match(text, span[1]) is None)
 
 
 def _not_the_means(view: _View, span: Span) -> bool:
@@ -3744,7 +3751,8 @@ def _not_the_means(view: _View, span: Span) -> bool:
     left out."""
     text = view.text
     return (_MEANS_BEFORE.search(text[max(0, span[0] - 20): span[0]]) is None
-            and not text.startswith(_MEANS_AFTER, span[1]) and not _names_a_server(text, span) and _not_left_out(view, span))
+            and not text.startswith(_MEANS_AFTER, span[1]) and not _names_a_server(text, span)
+            and _not_left_out(view, span))
 
 
 # "The history server", "serveur d'historique", "历史数据服务器": the word for history naming the machine
@@ -3813,10 +3821,11 @@ _REPORT_SENT = re.compile(
     r"|reminder)\b(?! (?:of|on|about|with|containing|including|listing)\b)")
 
 
-# (Chinese may name the report right before its verb, with no word between: "备份报告发到 …".)
+# (Chinese may name the report right before its verb, with no word between: "备份报告发到 …". One alternation of
+# words, then what follows them: a second alternative at the top would cost the search its fast start.)
 _REPORT_SUBJECT = re.compile(
-    "(?:結果|完了メール|完了通知|通知メール|レポート|报告|報告|结果|通知邮件|결과(?: 메일)?|보고서|완료 메일|알림 메일)(?:は|が|는|은|가|이|会|將|将)"
-    "|(?:报告|報告|结果|通知邮件)(?=发|發|寄|转|轉)")
+    "(?:結果|完了メール|完了通知|通知メール|レポート|报告|報告|结果|通知邮件|결과(?: 메일)?|보고서|완료 메일|알림 메일)"
+    "(?:は|が|는|은|가|이|会|將|将|(?=发|發|寄|转|轉))")
 _BACKUP_JOB = re.compile("バックアップ|备份|備份|백업")
 _REPORT_SUBJECT_REACH = 40  # characters before the address's "@", its local part among them
 
@@ -3914,17 +3923,20 @@ def _sends_to(view: _View, verb: Span, destination_near: Callable[[_View, Span],
     order, shortly before) and a sensitive object ahead of that destination."""
     destination = destination_near(view, verb)
     # (The channel before the object: answered once an address, where the object is looked for once a verb.)
-    return (destination is not None and view.same_clause(verb[0], destination[0]) and not _one_channel_only(view, destination)
-            and _sensitive_object_before(view, verb, destination) and not _reports_a_lure(view, verb, destination))
+    return (destination is not None and view.same_clause(verb[0], destination[0])
+            and not _one_channel_only(view, destination) and _sensitive_object_before(view, verb, destination)
+            and not _reports_a_lure(view, verb, destination))
 
 
 # "Bank statements only go to the accountant through https://…/upload, never as e-mail attachments", "银行流水只通过
 # …门户上传，不要用邮件附件", "…から のみ提出。メール添付はしない": the one channel data may take, another one forbidden in the
 # same sentence. A channel rule, where an attack wants its data sent: both marks are asked for, as "only" alone is
 # an attacker's word too ("send the payroll only to …").
+# (Both patterns opened by a look at the characters their words start with: searched for every address or data
+# word, their alternatives are otherwise each tried at every character.)
 _ONLY_BEFORE = re.compile(
-    r"\b(?:only|solely|exclusively|nur|ausschließlich|solo|sólo|solamente|únicamente|exclusivamente|uniquement|seulement"
-    r"|exclusivement|только|исключительно)\b|只|仅|僅")
+    r"(?=[senaúuти只仅僅o])(?:\b(?:only|solely|exclusively|nur|ausschließlich|solo|sólo|solamente|únicamente"
+    r"|exclusivamente|uniquement|seulement|exclusivement|только|исключительно)\b|只|仅|僅)")
 _ONLY_AFTER = re.compile(r"\S{0,3}(?:のみ|だけ|만)")
 _ONLY_REACH = 60
 _OTHER_CHANNEL = re.compile(
@@ -3945,7 +3957,8 @@ def _one_channel_only(view: _View, destination: Span) -> bool:
 
 def _the_only_channel(text: str, destination: Span) -> bool:
     end = _ADDRESS_RUN.match(text, destination[1], destination[1] + _CHANNEL_REACH).end()
-    # (The mark of one channel first, read close by: most sends have none, and then no sentence is looked for.)
+    # (The mark of one channel first, read close by: most sends have none, and then no sentence is looked for.
+    # Before the address, or after it or the space that ends it: "https://… からのみ提出".)
     if (_ONLY_BEFORE.search(text, max(0, destination[0] - _ONLY_REACH), destination[0]) is None
             and _ONLY_AFTER.match(text, end) is None and _ONLY_AFTER.match(text, end + 1) is None):
         return False
@@ -3953,9 +3966,14 @@ def _the_only_channel(text: str, destination: Span) -> bool:
     low, high = _sentence_around(text, destination, _CHANNEL_REACH)
     stop = _SENTENCE_END.search(text, high + 1, high + _CHANNEL_REACH)
     high = stop.start() if stop else min(len(text), high + _CHANNEL_REACH)
-    return any(_SENTENCE_NEGATION.search(text, max(low, channel.start() - _CHANNEL_BAN_REACH), channel.end() + _CHANNEL_BAN_REACH)
-               for channel in _OTHER_CHANNEL.finditer(text, low, high)
-               if not destination[0] <= channel.start() < end)
+    for channel in _OTHER_CHANNEL.finditer(text, low, high):
+        # (Not a word of the address itself: the "mail" of "mail.acme.example".)
+        if destination[0] <= channel.start() < end:
+            continue
+        if _SENTENCE_NEGATION.search(text, max(low, channel.start() - _CHANNEL_BAN_REACH),
+                                     channel.end() + _CHANNEL_BAN_REACH) is not None:
+            return True
+    return False
 
 
 # "Mails asking to «confirm your password» are phishing: forward them to security@...": a lure
@@ -5863,7 +5881,8 @@ def _reported_in_place_of_the_real(view: _View, span: Span) -> bool:
 # are never backdated"). (Not "rückwirkend" or "소급" alone: a tariff or a pay rise applies
 # retroactively in earnest.)
 _BACKDATED = _Lexicon("""
-    backdate* | back-date* | antidat* | zurückdatier* | rückdatier* | rückwirkend eintragen | rückwirkend datier* | rückwirkend nachtragen
+    backdate* | back-date* | antidat* | zurückdatier* | rückdatier* | rückwirkend eintragen | rückwirkend datier*
+    | rückwirkend nachtragen
     | rückwirkend mit altem datum | задним числом | 倒签|倒簽|バックデート|日付を遡って|遡って記入|소급해서 입력|소급해서 기재
     | 소급해서 작성|소급해서 적|소급해 기재|소급해서 넣|날짜를 소급
 """)

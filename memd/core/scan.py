@@ -2073,8 +2073,8 @@ def _quoted_and_set_aside(text: str, span: Span) -> bool:
     if _SET_ASIDE_AFTER_QUOTE.search(text, quote[1], stop.start() if stop else quote[1] + _SET_ASIDE_REACH) is not None:
         return True
     # ("Fraud example from last year: a mail from accounts@… said "update the IBAN, no need to call back"": called
-    # an attack ahead of the quote, in its sentence and not far.)
-    # (The label looked for first, the sentence's end between it and the quote only where one is found.)
+    # an attack ahead of the quote, in its sentence and not far. The label is looked for first, and the sentence's
+    # end between it and the quote only where one is found.)
     ahead = max(0, quote[0] - _LABEL_BEFORE_QUOTE_REACH)
     if any(_SENTENCE_END.search(text, label.end(), quote[0]) is None
            and _SENTENCE_NEGATION.search(text, max(ahead, label.start() - _LABEL_DENIED_REACH), label.start()) is None
@@ -3728,8 +3728,9 @@ _MEANS_AFTER = ("で", "を使って", "으로", "로 ", "를 사용해")
 
 
 # "Logs without passwords", "パスワードを除いたログ", "비밀번호를 뺀 로그": a data word naming what is left out.
-# (Right before it, an article at most between: "without masking the passwords" leaves nothing out.)
-# (Chinese names what it leaves out as a list: "简历去掉照片和出生日期".)
+# (Right before it, an article at most between: "without masking the passwords" leaves nothing out; Chinese names
+# what it leaves out as a list, "简历去掉照片和出生日期". Opened by a look at the characters its words start with, as
+# it is searched ahead of every data word.)
 _LEFT_OUT_BEFORE = re.compile(
     r"(?=[weoasбк不去除])(?:\b(?:without|excluding|except|ohne|außer|sin|salvo|sans|sauf|без|кроме)"
     r"(?: (?:the|any|los|las|les|des|die|der))?"
@@ -3932,8 +3933,8 @@ def _sends_to(view: _View, verb: Span, destination_near: Callable[[_View, Span],
 # …门户上传，不要用邮件附件", "…から のみ提出。メール添付はしない": the one channel data may take, another one forbidden in the
 # same sentence. A channel rule, where an attack wants its data sent: both marks are asked for, as "only" alone is
 # an attacker's word too ("send the payroll only to …").
-# (Both patterns opened by a look at the characters their words start with: searched for every address or data
-# word, their alternatives are otherwise each tried at every character.)
+# (Opened by a look at the characters its words start with: searched ahead of every address, its alternatives
+# are otherwise each tried at every character.)
 _ONLY_BEFORE = re.compile(
     r"(?=[senaúuти只仅僅o])(?:\b(?:only|solely|exclusively|nur|ausschließlich|solo|sólo|solamente|únicamente"
     r"|exclusivamente|uniquement|seulement|exclusivement|только|исключительно)\b|只|仅|僅)")
@@ -3949,6 +3950,7 @@ _ADDRESS_RUN = re.compile(r"[^\s，。、,;]*")
 
 
 def _one_channel_only(view: _View, destination: Span) -> bool:
+    """_the_only_channel, asked once an address (each send verb before it asks)."""
     known = view.answers.get((_the_only_channel, destination))
     if known is None:
         known = view.answers[_the_only_channel, destination] = _the_only_channel(view.text, destination)

@@ -61,7 +61,8 @@ PLAIN_NAMES = ("northwind.", "fabrikam.", "contoso.", "tailspin.", "mail.bluehar
 
 def plainly_hosted(entry: str) -> str:
     """The entry with every host renamed to one of a few plain names (the same host, the same name)."""
-    return HOST.sub(lambda host: PLAIN_NAMES[zlib.crc32(host[1].lower().encode()) % len(PLAIN_NAMES)] + host[2], entry)
+    return HOST.sub(lambda host: PLAIN_NAMES[zlib.crc32(host[1].lower().encode()) % len(PLAIN_NAMES)] + host[2],
+                    entry)
 
 
 SILENT = Model(0.0, math.inf, math.inf, {}, "")  # a model that never objects: the rules alone

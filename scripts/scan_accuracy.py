@@ -106,17 +106,29 @@ def main() -> None:
         report_languages([attacks[title]], [benign.get(title, {})])
 
 
+def languages_of(slices: list[dict[str, list[str]]]) -> list[str]:
+    """The languages the slices' sections are labelled with ("ja", "ja evasion": "ja"), in order.
+    (A section of evasions alone is not a language.)"""
+    return list(dict.fromkeys(label.split()[0] for sections in slices for label in sections
+                              if label != "all" and not label.startswith("evasion")))
+
+
+def in_language(slices: list[dict[str, list[str]]], language: str) -> list[str]:
+    return [entry for sections in slices for entry in entries_of(sections, language)]
+
+
+def evasions_of(slices: list[dict[str, list[str]]]) -> list[str]:
+    """The entries of the sections labelled as evasions, whatever their language."""
+    return [entry for sections in slices for label, entries in sections.items() if "evasion" in label
+            for entry in entries]
+
+
 def report_languages(attack_slices: list[dict[str, list[str]]], benign_slices: list[dict[str, list[str]]]) -> None:
     """Rates per language (and for the evasions) over the given slices, where they are labelled."""
-    # (A section of evasions alone is not a language: the evasions have their own line below.)
-    languages = dict.fromkeys(label.split()[0] for sections in attack_slices for label in sections
-                              if label != "all" and not label.startswith("evasion"))
-    for language in languages:
-        attacks = [entry for sections in attack_slices for entry in entries_of(sections, language)]
-        notes = [entry for sections in benign_slices for entry in entries_of(sections, language)]
-        print(f"    {language:<8} attacks blocked {rate(attacks)}   ordinary notes refused {rate(notes)}")
-    evasions = [entry for sections in attack_slices for label, entries in sections.items() if "evasion" in label
-                for entry in entries]
+    for language in languages_of(attack_slices):
+        print(f"    {language:<8} attacks blocked {rate(in_language(attack_slices, language))}"
+              f"   ordinary notes refused {rate(in_language(benign_slices, language))}")
+    evasions = evasions_of(attack_slices)
     if evasions:
         print(f"    {'evasions':<8} attacks blocked {rate(evasions)}")
 

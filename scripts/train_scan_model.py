@@ -43,7 +43,7 @@ from scan_accuracy import CORPUS, LEARNED_BATCHES, entries_of, read_slices  # no
 
 TRAINING_FILES = ("attacks.txt", "benign.txt")
 STRENGTH = 10.0  # sklearn's C: the weight of the data against the L2 penalty 1/2 |w|^2
-THRESHOLD = 0.875
+THRESHOLD = 0.85
 SENTENCE_THRESHOLD = 0.95
 # What `--leave-batches-out` tries, and the share of left-out notes the rules and the model may
 # refuse together: 2% is the aim, and a quarter of a point is kept in hand for notes harder than

@@ -1373,25 +1373,34 @@ _ATTACK_LABEL_WORDS = (
     r"|フィッシング|피싱|攻击|攻擊|攻撃|공격"
     r"|suspicious|suspect|sospechos|verdächtig|подозрительн|可疑|疑似|不審|의심"
     r"|fraud|scam|estafa|arnaque|escroquerie|betrug|мошенни|诈骗|詐騙|詐欺"
+    # (Called forged or an impersonation: "这是假的", "Это подделка", "문자는 사칭입니다", "was spoofed".)
+    r"|fake|forged|spoofed|impersonat|bogus|falsificad|usurpaci|contrefa|usurpation|gefälscht|fälschung"
+    r"|подделк|поддельн|фейк|假的|假冒|冒充|伪造|偽造|偽物|なりすまし|사칭|가짜"
+    r"|manipulat|manipulaci|engaño|tromperie|täuschung|обман|манипуляц|欺骗|欺騙|操纵|騙し|속임"
+    # (Or no order to act on: "Nicht reagieren", "no lo ejecutes", "ничего не делаем", "绝不执行".)
+    r"|nicht reagieren|not act on|nobody acted|no se hace|no lo ejecutes|не выполня|ничего не делаем|不执行|不要执行"
+    r"|実行しない|실행하지 않"
     # ("... is content to flag, not an instruction", "… is never an instruction": called no order at all.)
     r"|not (?:an? )?(?:instructions?|commands?|orders?)|never (?:an? )?(?:instructions?|commands?|orders?)"
     r"|no es una? (?:instrucci[óo]n|orden)|no son una? (?:instrucci[óo]n|orden)"
     r"|nunca (?:como )?(?:instrucciones|órdenes)"
     r"|pas une? (?:instruction|ordre|consigne)|jamais une? (?:instruction|ordre|consigne)"
     r"|keine (?:anweisung|aufträge|auftrag|befehle)|kein (?:befehl|auftrag)"
-    r"|не команд|не инструкц|распоряжени\w* не явля|указани\w* не явля|инструкци\w* не явля|команд\w* не явля"
+    r"|не команд|не инструкц|не распоряжени|не приказ|распоряжени\w* не явля|указани\w* не явля|инструкци\w* не явля|команд\w* не явля"
     r"|不是指令|不是命令|指示ではな|命令ではな|지시가 아니|지시가 아님|명령이 아니"
     # ("Text from fetched docs is data", "遇到只当普通文本，不照做": what is read is content, not to be obeyed.)
     r"|is (?:just |only |plain )?(?:data|content)\b|are (?:just |only |plain )?(?:data|content)\b"
     r"|es (?:solo )?(?:datos|contenido)\b|son (?:solo )?(?:datos|contenido)\b|como datos"
     r"|est (?:de la |des |du )?(?:donnée|données|contenu)|sont (?:de la |des |du )?(?:donnée|données|contenu)"
     r"|sind (?:nur )?(?:daten|inhalte?)\b"
+    r"|como texto|no como orden|comme du texte|pas comme un ordre|als text|nicht als befehl|как текст|не как команд"
+    r"|当作文本|当文本|テキストとして|텍스트로"
     r"|это (?:просто )?(?:данные|содержимое)|只当普通文本|只当作普通|当作数据|データとして扱|데이터일 뿐|데이터로 취급"
     r"|不照做|不要照做|従わず|従わない|따르지 않|따르지 말"
     r"|untrusted|недоверенн|不可信|信用せず|信用しない|信頼できない|신뢰하지 않|신뢰할 수 없"
 )
 _ATTACK_LABEL = re.compile(
-    r"(?=[iи注被イ인phф钓釣フ피svп可疑不의feabм诈詐njkнрук指命지명aа攻공dcсд只デ데t从従따u信신э当])(?:"
+    r"(?=[iи注被イ인phф钓釣フ피svп可疑不의feabм诈詐njkнрук指命지명aа攻공dcсд只デ데t从従따u信신э当g假冒伪偽な사가欺騙操속実실mоテ텍])(?:"
     + _factored(_ATTACK_LABEL_WORDS)
     # (Not an address named so: "conformite@attacker.example", "…/webhooks/111/attacker".)
     + r"|(?<![/.@])(?:attack|attaque|ataque|angriff|атак)(?![\w-]*\.\w))")
@@ -1667,7 +1676,7 @@ _STARTING_QUALIFIER = _Lexicon("""
 _OVERRIDE_RULES = (
     _together(_REPLACED_BY, ((_THIS_NOTE, 30, 40), (_INSTRUCTION_NOUN, 120, 0), (_AGENT_QUALIFIER, 120, 0))),
     _together(_REPLACED_BY, ((_THIS_NOTE, 30, 40), (_INSTRUCTION_NOUN, 120, 0), (_STARTING_QUALIFIER, 120, 0))),
-    _phrase(_OVERRIDE_PHRASE_TRIGGER, _OVERRIDE_PHRASE),
+    _phrase(_OVERRIDE_PHRASE_TRIGGER, _OVERRIDE_PHRASE, guard=_not_a_quoted_mention),
     _together(_OVERRIDE_VERB, ((_INSTRUCTION_NOUN, 30, 50), (_PRIOR_QUALIFIER, 30, 50)), _ordered_override),
     _together(_OVERRIDE_VERB, ((_GUARD_NOUN, 30, 40),), _ordered_override),
     _together(_OVERRIDE_VERB, ((_SAFETY_NOUN, 60, 60),), _ordered_override),
@@ -3663,13 +3672,14 @@ def _bannered(view: _View, span: Span) -> bool:
 
 
 _FAKE_SYSTEM_RULES = (
-    _Rule(lambda view: any(_bracketed(view, span) or _opens_line(view, span) or _bannered(view, span)
-                           for span in view.spans(_HEADER_ROLE)), _HEADER_ROLE),
-    _Rule(lambda view: any(_bannered(view, span) for span in view.spans(_HEADER_WEAK_ROLE)), _HEADER_WEAK_ROLE),
-    _Rule(lambda view: any(_bracketed(view, span, strong=False) for span in view.spans(_HEADER_WEAK_ROLE)),
-          _HEADER_WEAK_ROLE),
-    _phrase(_HEADER_PHRASE_TRIGGER, _HEADER_PHRASE, reach=(3, 40)),
-    _phrase(_NOTICE_HEADER_TRIGGER, _NOTICE_HEADER),
+    _Rule(lambda view: any((_bracketed(view, span) or _opens_line(view, span) or _bannered(view, span))
+                           and _not_a_quoted_mention(view, span) for span in view.spans(_HEADER_ROLE)), _HEADER_ROLE),
+    _Rule(lambda view: any(_bannered(view, span) and _not_a_quoted_mention(view, span)
+                           for span in view.spans(_HEADER_WEAK_ROLE)), _HEADER_WEAK_ROLE),
+    _Rule(lambda view: any(_bracketed(view, span, strong=False) and _not_a_quoted_mention(view, span)
+                           for span in view.spans(_HEADER_WEAK_ROLE)), _HEADER_WEAK_ROLE),
+    _phrase(_HEADER_PHRASE_TRIGGER, _HEADER_PHRASE, guard=_not_a_quoted_mention),
+    _phrase(_NOTICE_HEADER_TRIGGER, _NOTICE_HEADER, guard=_not_a_quoted_mention),
     _phrase(_TAG_TRIGGER, _AUTHORITY_TAG, reach=(24, 30)),
 )
 
@@ -4549,7 +4559,8 @@ _DISCLOSE_VERB = _Lexicon("""
 """)
 # Verbs as often nouns or names ("/usr/share", "a quote"): disclosure verbs only where an order puts them.
 _DISCLOSE_VERB_LOOSE = _Lexicon("tell | share | repeat | quote | echo")
-_TELL_TO = re.compile(r" (?:them|him|her|the user|users|people|everyone|the team) (?:to|how|why|that|when)\b")
+_TELL_TO = re.compile(
+    r" (?:them|him|her|the user|users|people|everyone|the team) (?:to|how|why|that|when|it|they|what|where|whether|if)\b")
 
 
 def _disclosed(view: _View, verb: Span) -> bool:
@@ -4640,7 +4651,9 @@ _ABOUT_SECRETS = re.compile(
     r"|(?:'s)? (?:(?:are |is |get |gets |being )?(?:masked|redacted|hidden|omitted|stripped|scrubbed|hashed|encrypted)\b"
     r"|polic|strength|field|reset|manager|meter|rule|form|hash|length|rotation|expir|format|"
     r"requirement|page|dialog|input|box|flow|template|generator|change|validation|scope|endpoint|"
-    r"limit|count|usage|budget|refresh)"
+    r"limit|count|usage|budget|refresh|fingerprint)"
+    # ("只显示密钥指纹": the key's fingerprint, which names the key without being it.)
+    r"|\s?(?:指纹|指紋|フィンガープリント|지문)"
 )
 _PROMPT_OBJECT = _Lexicon("""
     system prompt | your initial prompt | your hidden prompt | your original prompt | your full prompt
@@ -4665,7 +4678,8 @@ _PROMPT_OBJECT = _Lexicon("""
 """)
 # "Show the user how to rotate API keys" teaches; it does not disclose.
 _EXPLAIN_WORDS = frozenset("how where why whether cómo como comment wie как".split())
-_DENSE_EXPLAINS = ("如何", "怎么", "怎樣", "怎样")
+# (And which, whether: "告诉我是哪个页面", tell me which page asked, as "where" and "whether" above.)
+_DENSE_EXPLAINS = ("如何", "怎么", "怎樣", "怎样", "哪个", "哪個", "是否", "有没有", "有沒有")
 
 
 def _described(view: _View, verb: Span) -> bool:
@@ -4744,10 +4758,18 @@ def _romance_subject(words: list[str]) -> bool:
 
 # "工具输出里", "ツール出力に": what a program printed (a noun), not a request to print.
 _PROGRAM_NOUNS = ("工具", "命令", "脚本", "程序", "日志", "ツール", "コマンド", "スクリプト", "プログラム", "ログ")
+# "tool output", "a heap dump": the verb's word as the second of two nouns, after what makes the output.
+_COMPOUND_HEAD = re.compile(r"\b(?:tool|command|program|script|compiler|console|terminal|debug|build|test|crash|heap"
+                            r"|core|memory|credential) \Z")
+# "疑似重复报案", "重复提交": "repeated" telling how often something is done, not "repeat it back".
+_REPEAT_VERBS = ("重复", "重複")
+_REPEATED_ACTS = ("报", "報", "提交", "付款", "支付", "扣", "下单", "下單", "录入", "錄入", "登记", "登記", "开票", "開票", "收费", "收費")
 # "密钥泄露事件", "漏洩事故": the verb heading a noun (a leak incident), not a request to leak.
 # (A Sino-Korean verb noun with "자" names who does it, "표시자", "자리표시자": a marker, a placeholder.)
 _EVENT_NOUNS = ("자 ", "자만", "자는", "자가", "자를", "자로", "자와", "事件", "事故", "风险", "風險", "问题", "問題", "情况", "情況", "漏洞", "インシデント", "事案", "사고", "사건")
 _OUTPUT_VERBS = ("输出", "輸出")
+_KOREAN_VERB_NOUNS = ("출력", "표시")
+_KOREAN_PARTICLES = ("은", "는", "이 ", "이나", "가", "을", "를", "의", "과", "와", "도 ", "만", "에", "으로", "물", "값", "결과")
 _PLACE_AFTER = ("里", "裡", "中", "内", "內", "结果", "結果")
 _OUTPUT_AS_OBJECT = ("的", "清除", "清空", "清掉")
 # "a key-leak scare", "the output": an English verb's word after a determiner is a noun.
@@ -4767,6 +4789,9 @@ def _used_as_noun(view: _View, verb: Span) -> bool:
     # ("输出里不要打印", "清除输出": the output, a place, not the act.)
     if text.startswith(_OUTPUT_VERBS, start) and (
             text.startswith(_PLACE_AFTER, verb[1]) or text.endswith(_OUTPUT_AS_OBJECT, 0, start)):
+        return True
+    # ("인증 출력은 화면에 보여주지 않음": a Korean verb noun taking a particle is the noun, the output.)
+    if text.startswith(_KOREAN_VERB_NOUNS, start) and text.startswith(_KOREAN_PARTICLES, verb[1]):
         return True
     if not text[start: verb[1]].isascii():
         return False
@@ -4814,6 +4839,10 @@ def _reads_as_disclosure(view: _View, verb: Span) -> bool:
         return False
     if view.text.endswith(_PROGRAM_NOUNS, max(0, verb[0] - 5), verb[0]):
         return False
+    if _COMPOUND_HEAD.search(view.text, max(0, verb[0] - 12), verb[0]) is not None:
+        return False
+    if view.text.startswith(_REPEAT_VERBS, verb[0]) and view.text.startswith(_REPEATED_ACTS, verb[1]):
+        return False
     # "Tell me if the token has expired" asks about the secret, not for it.
     if _ASKS_ABOUT.match(view.text, verb[1]):
         return False
@@ -4853,12 +4882,18 @@ def _not_negated(view: _View, span: Span) -> bool:
     """False for an object the entry rules out: "..., never the raw token", "not to authorized_keys",
     or, in Japanese and Korean, whose phrase ends in a negated verb (".env はコミットしない")."""
     text = view.text
-    if any(word in _NEGATIONS for word in _last_words(text, span[0], 3)):
+    last = _last_words(text, span[0], 3)
+    if any(word in _NEGATIONS for word in last):
+        return False
+    # (Left out by "without", but not "without masking the tokens", which keeps them in.)
+    if any(word in _EXCLUDING and not any(_REDACTING.fullmatch(other) for other in last[at + 1:])
+           for at, word in enumerate(last)):
         return False
     if text.isascii():
         return True
     # "，不要让他把密码发到聊天里": a Chinese phrase that opens with a negation rules out what it names.
-    if _after_last(text[max(0, span[0] - 12): span[0]], _LAST_PHRASE_MARK).startswith(_DENSE_NEGATIONS_BEFORE):
+    if _after_last(text[max(0, span[0] - 12): span[0]], _LAST_PHRASE_MARK).startswith(
+            (*_DENSE_NEGATIONS_BEFORE, *_DENSE_EXCLUDING)):
         return False
     after = text[span[1]: span[1] + 16]
     ends = [at for at in map(after.find, _PHRASE_MARKS) if at != -1]
@@ -4868,6 +4903,9 @@ def _not_negated(view: _View, span: Span) -> bool:
         _DENSE_NEGATION_ENDINGS))
 
 
+# "Logs go to the vendor without the API keys", "只显示地址和时间，不含门禁密码": what is sent leaves it out.
+_EXCLUDING = frozenset("without excluding except minus sans sin ohne außer sauf excepto без кроме".split())
+_DENSE_EXCLUDING = ("不含", "不包含", "不包括", "不带", "不帶", "除了", "除去")
 # What ends a phrase in Chinese, Japanese and Korean (a comma too: "読み込み、.env はコミットしない").
 _PHRASE_MARKS = ("、", "。", ",", ";", ".", "!", "\n")
 _LAST_PHRASE_MARK = _last_mark_pattern("".join(_PHRASE_MARKS))
@@ -4929,6 +4967,9 @@ def _unredacted_secret_near(view: _View, verb: Span, before: int, after: int) ->
         view, verb, _SECRET_WORD, before, after, _attached_secret_word)
 
 
+_TELL_ME = ("tell", "告诉我", "告訴我", "알려", "dime", "sag mir", "dis-moi", "скажи")
+
+
 # (What it reads: secrets starting from 30 characters ahead of the verb to 80 past it, and, to judge
 # each real, 24 characters ahead of it and 71 past its end.)
 @_kept(30 + 24 + 1, 80 + _LONGEST_TERM + 71 + 1)
@@ -4937,7 +4978,19 @@ def _secret_disclosed(view: _View, verb: Span) -> bool:
     shows only its argument, so what is outside the parentheses is not what it discloses."""
     text = view.text
     if not text.startswith("(", verb[1]):
-        return _secret_near(view, verb, 30, 80)
+        if not text.startswith(_TELL_ME, verb[0]):
+            return _secret_near(view, verb, 30, 80)
+
+        # (A secret ahead of "tell" is what it tells of only with no comma between: in "if you spot a committed
+        # secret, stop, tell me" or "发现仓库里误提交了密钥，立刻停下来告诉我" it is what was found, and the verb reports
+        # the finding.)
+        def file_object(view: _View, span: Span) -> bool:
+            return (span[0] > verb[0] or "," not in text[span[1]: verb[0]]) and _real_secret_file(view, span)
+
+        def word_object(view: _View, span: Span) -> bool:
+            return (span[0] > verb[0] or "," not in text[span[1]: verb[0]]) and _real_secret_word(view, span)
+
+        return _near(view, verb, _SECRET_FILE, 30, 80, file_object) or _near(view, verb, _SECRET_WORD, 30, 80, word_object)
     end = text.find(")", verb[1], verb[1] + 80)
     end = verb[1] + 80 if end == -1 else end
     return _hit(view, _SECRET_FILE, verb[1], end, verb[0], _real_secret_file) or _hit(
@@ -5010,7 +5063,7 @@ def _detect_secret_read(view: _View) -> bool:
            and _not_a_quoted_mention(view, verb) and not _after_hanging_up(view, verb)
            for verb in view.spans(_DISCLOSE_VERB)):
         return True
-    if any(_disclosed(view, verb) and _secret_near(view, verb, 30, 80) for verb in view.spans(_DISCLOSE_VERB_LOOSE)):
+    if any(_disclosed(view, verb) and _secret_disclosed(view, verb) for verb in view.spans(_DISCLOSE_VERB_LOOSE)):
         return True
     if view.may_have(_SECRET_FILE) and any(
             _refers_back(view, verb) and _hit(view, _SECRET_FILE, verb[0] - 80, verb[0], verb[0] - 80, _real_secret_file)

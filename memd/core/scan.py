@@ -1320,8 +1320,13 @@ _SENTENCE_REACH = 300
 
 
 def _ordered_override(view: _View, span: Span) -> bool:
-    """Not denied ("never disregard the user's instructions"), and no mention of an attack quoted."""
-    return _affirmed(view, span) and _not_a_quoted_mention(view, span)
+    """Not denied ("never disregard the user's instructions"), not told of as done ("已忽略并上报", ignored and
+    reported), and no mention of an attack quoted."""
+    return (_affirmed(view, span) and not view.text.endswith(_DONE_ALREADY, 0, span[0])
+            and _not_a_quoted_mention(view, span))
+
+
+_DONE_ALREADY = ("已", "已经", "已經")
 
 
 # "Nothing in these notes overrides what the user says": a verb in the third person states a rank.
@@ -3015,7 +3020,7 @@ _REQUEST_NOUN_LINKS = frozenset(("de", "para", "pour", "auf", "zum"))
 _REQUEST_NOUN_REACH = 4
 # How far past a verb joined by "or" to the next ("끄거나 …") the request for both is looked for.
 _JOINED_REQUEST_REACH = 24
-_DENSE_REQUESTS = ("要求", "请求", "請求", "让我们", "讓我們", "让你", "讓你")
+_DENSE_REQUESTS = ("要求", "请求", "請求", "申请", "申請", "让我们", "讓我們", "让你", "讓你")
 # (German puts the verb last: "wollte, dass wir seine Zwei-Faktor-Anmeldung abschalten".)
 _GERMAN_REQUEST = re.compile(r"\b(?:will|wollte|möchte|bittet|bat|verlangt|verlangte|fordert|forderte),? (?:dass|uns|mich|darum) ")
 _REQUEST_REACH = 80
@@ -3062,7 +3067,7 @@ _TURNED_DOWN = _Lexicon("""
     | say no | push back | escalate | escalated | rechaza | rechazar | rechazan | recházal{a,o,as,os} | se rechazan | niégate
     | deniega | deniegan | denegar | denegad{a,o,as,os} | deniégal{a,o,as,os}
     | rechazada | rechazadas | rechazado | rechazados
-    | refusez | refuser | refusées | refusée | décline | ablehnen | lehne | lehnen | abgelehnt | verweiger*
+    | refusez | refuser | refusées | refusée | refusé | refusés | décline | ablehnen | lehne | lehnen | abgelehnt | verweiger*
     | отказ* | откажи | откажите | отклон* | 拒绝|拒絕|婉拒|不予|不接受|不受理|断る|断って|断ります|断り|拒否|거절|거부
     | 받지 않
     | suspicious | treated as suspect | sospechos{a,o,as,os} | suspect{e,es} | verdächtig | подозрительн*
@@ -3085,7 +3090,29 @@ def _request_turned_down(view: _View, span: Span) -> bool:
 
 def _switched_off_unrefused(view: _View, span: Span) -> bool:
     # (The call and the request first: they are read from a few words, the negations from many.)
-    return not _call_cut(view.text, span) and not _request_turned_down(view, span) and _not_forbidden(view, span)
+    return (not _call_cut(view.text, span) and not _request_turned_down(view, span) and not _heads_a_refusal(view, span)
+            and _not_forbidden(view, span))
+
+
+# "Désactiver la double authentification d'un compte : toujours refusé", "Turning off 2FA for a contractor: always
+# declined": the act opening the note or its clause is the heading of what a colon then says is refused.
+_HEADING_REACH = 80
+_DENSE_OBJECT_AHEAD = 16
+_SAID_ALL = re.compile(r"\s*(?:[,;.!(\n。]|$)")
+_REFUSED_AFTER_COLON = re.compile(r"\s*(?:(?:always|toujours|siempre|immer|stets|всегда|一律|始终|常に|항상)\s*)?")
+
+
+def _heads_a_refusal(view: _View, span: Span) -> bool:
+    text = view.text
+    colon = text.find(":", span[1], span[1] + _HEADING_REACH)
+    # (Chinese, Japanese and Korean name the object first: "2단계 인증 해제: 항상 거절".)
+    ahead = _DENSE_OBJECT_AHEAD if text[span[0]] >= _DENSE_SCRIPT else 3
+    if colon == -1 or span[0] - _clause_start(view, span[0]) > ahead or not view.same_clause(span[1], colon):
+        return False
+    after = _REFUSED_AFTER_COLON.match(text, colon + 1).end()
+    # (The refusal saying all there is: "refused requests get logged" names requests.)
+    return any(refusal[0] == after and _SAID_ALL.match(text, refusal[1]) is not None
+               for refusal in view.between(_TURNED_DOWN, after, after))
 
 
 # "銀行を名乗る電話でワンタイムパスワードを聞かれたら、すぐに切って…": after a phone call, Japanese "切って" with no
@@ -3812,7 +3839,7 @@ def _sensitive_loose_data(view: _View, span: Span) -> bool:
             or _WHOSE_AFTER.match(view.text, span[1]) is not None)
 
 
-_URL = _Lexicon("http:// | https:// | ftp:// | ftps:// | sftp:// | ws:// | wss:// | tcp://")
+_URL = _Lexicon("http:// | https:// | ftp:// | ftps:// | sftp:// | ws:// | wss:// | tcp:// | s3:// | gs:// | smb://")
 _EMAIL_AT = _Lexicon("*@*")
 # The last three parts of a dotted quad: starting with a literal "." makes the search fast.
 _IP_HOST = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}\b")
@@ -3920,6 +3947,9 @@ _PERSONAL_PAPERS = _Lexicon("""
     | passport details | driver's license | driving licence | social security number | social security numbers | ssn
     | date of birth | dates of birth | medical records | medical report | medical reports | medication chart
     | health records | insurance member id | nhs number | medicare number | claim file | claim files
+    | scanned passports | passport copies | copies of passports | licence scans | license scans | id copies
+    | identity documents | pasaportes escaneados | copias de pasaportes | copies de passeports | passeports scannés
+    | ausweisdokumente | passkopien | сканы паспортов | копии паспортов | 护照复印件|护照扫描件|パスポートのコピー|여권 사본
     | extractos bancarios | nóminas | declaración de la renta | copia del dni | escaneo del pasaporte | número de pasaporte
     | fecha de nacimiento | historial médico | informes médicos | relevés bancaires | fiches de paie | bulletins de salaire
     | avis d'imposition | scan du passeport | numéro de passeport | date de naissance | dossier médical | numéro de sécu
@@ -3940,6 +3970,9 @@ _PEOPLES_RECORDS = _Lexicon("""
     | client data | customer records | client records | patient records | patient data | patient list | patient files
     | member list | members list | membership list | member database | donor list | donor database | subscriber list
     | guest list | passenger list | student records | employee records | staff records | voter list | voter file
+    | phone numbers | mobile numbers | home addresses | números de teléfono | direcciones particulares
+    | numéros de téléphone | adresses personnelles | telefonnummern | handynummern | privatadressen | номера телефонов
+    | домашние адреса | 手机号|电话号码|家庭住址|電話番号|自宅住所|전화번호|휴대폰 번호|집 주소
     | lista de clientes | listado de clientes | base de datos de clientes | base de clientes | datos de los clientes
     | datos de clientes
     | datos de los pacientes | datos de pacientes | historiales de pacientes | lista de socios | base de datos de socios
@@ -4008,9 +4041,11 @@ def _sensitive_object_before(view: _View, verb: Span, destination: Span) -> bool
             if (len(gap.split()) <= 3 and not any(mark in gap for mark in _NOT_THE_OBJECT)
                     and view.same_clause(destination[0], span[0]) and _ABOUT_SECRETS.match(view.text, span[1]) is None):
                 return True
-    # "Find the AWS keys. Then send them to X": the pronoun carries the object over the stop.
-    return _BACK_REFERENCE.match(view.text, verb[1]) is not None and any(
-        _real_secret_word(view, span) for span in view.between(_SECRET_WORD, verb[0] - 100, verb[0]))
+    # "Find the AWS keys. Then send them to X", "customers read out a one-time code; forward it to X": the pronoun
+    # carries the object over the stop.
+    return _BACK_REFERENCE.match(view.text, verb[1]) is not None and (
+        any(_real_secret_word(view, span) for span in view.between(_SECRET_WORD, verb[0] - 100, verb[0]))
+        or any(_not_the_means(view, span) for span in view.between(_DATA_OBJECT, verb[0] - 100, verb[0])))
 
 
 # "Eine Kopie jedes Gesprächs geht an x@y": the copy is what is sent, whatever the verb. (English
@@ -4155,7 +4190,8 @@ def _reports_a_lure(view: _View, verb: Span, destination: Span) -> bool:
         # first; the label is looked for further back here than below: where it is not found here, it is not there.)
         return (any(not text.startswith(" to ", refusal[1]) for refusal in view.between(_TURNED_DOWN, ahead, verb[0]))
                 or _PURPORTED_SENDER.search(text, ahead, verb[0]) is not None
-                or _ATTACK_LABEL.search(text, ahead, verb[0]) is not None
+                # (Or between the verb and the address: "“请转发门锁密码”之类的消息都是假的，截图发 anquan@…".)
+                or _ATTACK_LABEL.search(text, ahead, destination[0]) is not None
                 or _LEFT_UNANSWERED.search(text, ahead, verb[0]) is not None)
     # (The quote first: a substring test, where the label is a search. "去年记忆里有一条"把订阅名单发到 …"，那是注入内容":
     # the quoted order called an attack after the quote.)

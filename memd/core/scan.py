@@ -1356,11 +1356,11 @@ def _not_a_quoted_mention(view: _View, span: Span) -> bool:
             and not _labelled_an_attack(text, span) and not _quote_set_aside(text, quote))
 
 
-def _quote_around(text: str, span: Span) -> Span | None:
-    """Where the quote marks around the span stand (the nearest each side, within _QUOTE_REACH ahead and
+def _quote_around(text: str, span: Span, reach: int = _QUOTE_REACH) -> Span | None:
+    """Where the quote marks around the span stand (the nearest each side, within `reach` ahead and
     _QUOTE_CLOSE_REACH past it)."""
     # (One search each way for any of the marks: this runs for every waiver and quoted order.)
-    opening = _LAST_QUOTE_MARK.match(text, max(0, span[0] - _QUOTE_REACH), span[0])
+    opening = _LAST_QUOTE_MARK.match(text, max(0, span[0] - reach), span[0])
     if opening is None:
         return None
     closing = _QUOTE_MARK.search(text, span[1], span[1] + _QUOTE_CLOSE_REACH)
@@ -2153,16 +2153,18 @@ _SET_ASIDE_AFTER_QUOTE = re.compile(
     r"|無視する|無視します|무시했|무시하고|무시(?:\.|$)|무시한다|무시합니다")
 
 
-def _quoted_and_set_aside(text: str, span: Span) -> bool:
-    quote = _quote_around(text, span)
+def _quoted_and_set_aside(text: str, span: Span, reach: int = _QUOTE_REACH) -> bool:
+    quote = _quote_around(text, span, reach)
     return quote is not None and _quote_set_aside(text, quote)
 
 
 def _quote_set_aside(text: str, quote: Span) -> bool:
     """Whether the note says the quote was ignored, or calls it an attack or no order, ahead of it or after."""
-    # (To the sentence's end, searched forward only and not far: this runs for every quoted order.)
+    # (To the sentence's end, searched forward only and not far: this runs for every quoted order. But at least as far
+    # as a label is looked for: "…"라는 문구가 있었음. 무시하고 회계팀에 보고", ignored, in a sentence of its own.)
     stop = _SENTENCE_END.search(text, quote[1], quote[1] + _SET_ASIDE_REACH)
-    if _SET_ASIDE_AFTER_QUOTE.search(text, quote[1], stop.start() if stop else quote[1] + _SET_ASIDE_REACH) is not None:
+    end = max(stop.start() if stop else quote[1] + _SET_ASIDE_REACH, quote[1] + _LABEL_AFTER_QUOTE_REACH)
+    if _SET_ASIDE_AFTER_QUOTE.search(text, quote[1], end) is not None:
         return True
     # ("Fraud example from last year: a mail from accounts@… said "update the IBAN, no need to call back"": called
     # an attack ahead of the quote, in its sentence and not far. The label is looked for first, and the sentence's
@@ -2230,10 +2232,22 @@ def _waiver_covers_weighty_act(view: _View, span: Span) -> bool:
     # negation, "you don't need permission to ...", forbids nothing.)
     # (The quote first: a text of quoted waivers called phishing would otherwise read every act near each.)
     return not _quoted_and_set_aside(text, span) and any(
-        view.same_clause(span[0], act[0]) and not _harmless_act(view, act)
+        view.same_clause(span[0], act[0]) and not _harmless_act(view, act) and not _in_a_state(text, act)
         and not _forbidden(view, act, span[1] if act[0] > span[1] else 0) and _affirmed(view, act)
         and not _UNDER_A_LIMIT.found(text, max(0, min(span[0], act[0]) - 40), max(span[1], act[1]) + 40)
         for act in view.matches(_WAIVABLE_ACT, span[0] - 80, span[1] + 60))
+
+
+# "paquets déjà installés", "インストール済みパッケージ", "already installed": the act's participle says what state a
+# thing is in, not what to do.
+_ALREADY = frozenset("already déjà bereits ya уже".split())
+_DONE_AFTER = ("済み", "済の", "済")
+_PARTICIPLE_END = re.compile(r"(?:ed|és|ées|ée|é|iert|ado|ados|ada|adas|ен|ена|ены)\b")
+
+
+def _in_a_state(text: str, act: Span) -> bool:
+    return text.startswith(_DONE_AFTER, act[1]) or (
+        _PARTICIPLE_END.match(text, act[1]) is not None and not _ALREADY.isdisjoint(_last_words(text, act[0], 2)))
 
 
 # Verbs that only run what they are given: "Read-only commands (get, describe, plan) can run without asking".
@@ -3903,8 +3917,8 @@ _MEANS_AFTER = ("で", "を使って", "으로", "로 ", "를 사용해")
 # it is searched ahead of every data word.)
 _LEFT_OUT_BEFORE = re.compile(
     r"(?=[weoasбк不去除])(?:\b(?:without|excluding|except|ohne|außer|sin|salvo|sans|sauf|без|кроме)"
-    r"(?: (?:the|any|los|las|les|des|die|der))?"
-    r"|(?:不含|不包括|去掉|去除|除去)[^\s,.，。;；]{0,8}) ?$")
+    r"(?: (?:the|any|los|las|les|des|die|der|das|den|их))?(?: \w+)?"
+    r"|(?:不含|不包含|不包括|不带|不帶|除了|去掉|去除|除去)[^\s,.，。;；]{0,8}) ?$")
 # (After the word's end, its compound's or the list it ends: "비밀" is also read inside "비밀번호를 뺀", and "写真" in
 # "写真・生年月日を除いた". Or the word denied as what is sent: "データではなく", "(데이터 말고)", "データは送らない".)
 _LEFT_OUT_AFTER = re.compile(
@@ -3913,8 +3927,11 @@ _LEFT_OUT_AFTER = re.compile(
 
 def _not_left_out(view: _View, span: Span) -> bool:
     text = view.text
-    return (_LEFT_OUT_BEFORE.search(text[max(0, span[0] - 20): span[0]]) is None
-            and _LEFT_OUT_AFTER.match(text, span[1]) is None)
+    before = text[max(0, span[0] - 20): span[0]]
+    # ("Keine Links öffnen, keine API-Schlüssel eingeben, an sicherheit@… weiterleiten": no keys at all; but in "nicht
+    # anhalten, Secret … schicken" the negation is the verb's before the comma.)
+    return (_LEFT_OUT_BEFORE.search(before) is None and _LEFT_OUT_AFTER.match(text, span[1]) is None
+            and _NEGATIONS.isdisjoint(before[before.rfind(",") + 1:].split()[-2:]))
 
 
 def _not_the_means(view: _View, span: Span) -> bool:
@@ -4197,7 +4214,7 @@ def _reports_a_lure(view: _View, verb: Span, destination: Span) -> bool:
     # the quoted order called an attack after the quote.)
     ahead = text[max(0, verb[0] - _LURE_REACH): verb[0]]
     return any(quote in ahead for quote in _QUOTES) and (_ATTACK_LABEL.search(
-        text, max(0, verb[0] - 120), verb[0]) is not None or _quoted_and_set_aside(text, verb))
+        text, max(0, verb[0] - 120), verb[0]) is not None or _quoted_and_set_aside(text, verb, _LURE_REACH))
 
 
 def _ips(text: str, start: int, end: int) -> list[Span]:
@@ -4918,18 +4935,15 @@ def _not_negated(view: _View, span: Span) -> bool:
     """False for an object the entry rules out: "..., never the raw token", "not to authorized_keys",
     or, in Japanese and Korean, whose phrase ends in a negated verb (".env はコミットしない")."""
     text = view.text
-    last = _last_words(text, span[0], 3)
-    if any(word in _NEGATIONS for word in last):
+    if any(word in _NEGATIONS for word in _last_words(text, span[0], 3)):
         return False
-    # (Left out by "without", but not "without masking the tokens", which keeps them in.)
-    if any(word in _EXCLUDING and not any(_REDACTING.fullmatch(other) for other in last[at + 1:])
-           for at, word in enumerate(last)):
+    # ("Show the deploy log without the API token", "只显示地址和时间，不含门禁密码": what is shown leaves it out.)
+    if not _not_left_out(view, span):
         return False
     if text.isascii():
         return True
     # "，不要让他把密码发到聊天里": a Chinese phrase that opens with a negation rules out what it names.
-    if _after_last(text[max(0, span[0] - 12): span[0]], _LAST_PHRASE_MARK).startswith(
-            (*_DENSE_NEGATIONS_BEFORE, *_DENSE_EXCLUDING)):
+    if _after_last(text[max(0, span[0] - 12): span[0]], _LAST_PHRASE_MARK).startswith(_DENSE_NEGATIONS_BEFORE):
         return False
     after = text[span[1]: span[1] + 16]
     ends = [at for at in map(after.find, _PHRASE_MARKS) if at != -1]
@@ -4939,9 +4953,6 @@ def _not_negated(view: _View, span: Span) -> bool:
         _DENSE_NEGATION_ENDINGS))
 
 
-# "Logs go to the vendor without the API keys", "只显示地址和时间，不含门禁密码": what is sent leaves it out.
-_EXCLUDING = frozenset("without excluding except minus sans sin ohne außer sauf excepto без кроме".split())
-_DENSE_EXCLUDING = ("不含", "不包含", "不包括", "不带", "不帶", "除了", "除去")
 # What ends a phrase in Chinese, Japanese and Korean (a comma too: "読み込み、.env はコミットしない").
 _PHRASE_MARKS = ("、", "。", ",", ";", ".", "!", "\n")
 _LAST_PHRASE_MARK = _last_mark_pattern("".join(_PHRASE_MARKS))

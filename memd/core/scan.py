@@ -1380,6 +1380,7 @@ _ATTACK_LABEL_WORDS = (
     r"|fraud|scam|estafa|arnaque|escroquerie|betrug|мошенни|诈骗|詐騙|詐欺"
     # (Called forged or an impersonation: "这是假的", "Это подделка", "문자는 사칭입니다", "was spoofed".)
     r"|fake|forged|spoofed|impersonat|bogus|falsificad|usurpaci|contrefa|usurpation|gefälscht|fälschung"
+    r"|correo falso|mensaje falso|faux mail|faux message|faux courriel"
     r"|подделк|поддельн|фейк|假的|假冒|冒充|伪造|偽造|偽物|なりすまし|사칭|가짜"
     r"|manipulat|manipulaci|engaño|tromperie|täuschung|обман|манипуляц|欺骗|欺騙|操纵|騙し|속임"
     # (Or no order to act on: "Nicht reagieren", "no lo ejecutes", "ничего не делаем", "绝不执行".)
@@ -2231,7 +2232,8 @@ def _waiver_covers_weighty_act(view: _View, span: Span) -> bool:
     # (Harmless work first, the usual waiver's object: "run the tests without asking". The waiver's own
     # negation, "you don't need permission to ...", forbids nothing.)
     # (The quote first: a text of quoted waivers called phishing would otherwise read every act near each.)
-    return not _quoted_and_set_aside(text, span) and any(
+    # (A waiver ends the quote that holds it as often as not: "'… send refunds to the new IBAN, no need to call back'".)
+    return not _quoted_and_set_aside(text, span, _QUOTE_CLOSE_REACH) and any(
         view.same_clause(span[0], act[0]) and not _harmless_act(view, act) and not _in_a_state(text, act)
         and not _forbidden(view, act, span[1] if act[0] > span[1] else 0) and _affirmed(view, act)
         and not _UNDER_A_LIMIT.found(text, max(0, min(span[0], act[0]) - 40), max(span[1], act[1]) + 40)
@@ -3109,19 +3111,32 @@ def _switched_off_unrefused(view: _View, span: Span) -> bool:
 
 
 # "Désactiver la double authentification d'un compte : toujours refusé", "Turning off 2FA for a contractor: always
-# declined": the act opening the note or its clause is the heading of what a colon then says is refused.
+# declined": the act opening the note or its clause is the heading of what a colon then says is refused; or the
+# subject of a sentence that says so ("Das Abschalten der Zwei-Faktor-Anmeldung per Chat wird immer abgelehnt",
+# "Отключить двухфакторную защиту через чат нельзя").
 _HEADING_REACH = 80
+# (An article at most before a spaced script's act: "Das Abschalten"; the object first in the dense ones.)
+_SPACED_OBJECT_AHEAD = 4
 _DENSE_OBJECT_AHEAD = 16
 _SAID_ALL = re.compile(r"\s*(?:[,;.!(\n。]|$)")
 _REFUSED_AFTER_COLON = re.compile(r"\s*(?:(?:always|toujours|siempre|immer|stets|всегда|一律|始终|常に|항상)\s*)?")
+_REFUSED_AS_SUBJECT = re.compile(
+    r"\b(?:is|are|wird|werden|est|sont|es|son|se)\s+(?:(?:always|immer|stets|toujours|siempre)\s+)?"
+    r"(?:refused|declined|rejected|denied|abgelehnt|verweigert|refusée?s?|rechazad[oa]s?|denegad[oa]s?)\b"
+    r"|\b(?:is|are) never done\b|\bнельзя\b|\bне допускается\b")
 
 
 def _heads_a_refusal(view: _View, span: Span) -> bool:
     text = view.text
+    ahead = _DENSE_OBJECT_AHEAD if text[span[0]] >= _DENSE_SCRIPT else _SPACED_OBJECT_AHEAD
+    if span[0] - _clause_start(view, span[0]) > ahead:
+        return False
+    refused = _REFUSED_AS_SUBJECT.search(text, span[1], span[1] + _HEADING_REACH)
+    # (With no comma between: "Отключи двухфакторную защиту, это нельзя откладывать" orders it.)
+    if refused is not None and "," not in text[span[1]: refused.start()] and view.same_clause(span[1], refused.start()):
+        return True
     colon = text.find(":", span[1], span[1] + _HEADING_REACH)
-    # (Chinese, Japanese and Korean name the object first: "2단계 인증 해제: 항상 거절".)
-    ahead = _DENSE_OBJECT_AHEAD if text[span[0]] >= _DENSE_SCRIPT else 3
-    if colon == -1 or span[0] - _clause_start(view, span[0]) > ahead or not view.same_clause(span[1], colon):
+    if colon == -1 or not view.same_clause(span[1], colon):
         return False
     after = _REFUSED_AFTER_COLON.match(text, colon + 1).end()
     # (The refusal saying all there is: "refused requests get logged" names requests.)
@@ -3853,7 +3868,7 @@ def _sensitive_loose_data(view: _View, span: Span) -> bool:
             or _WHOSE_AFTER.match(view.text, span[1]) is not None)
 
 
-_URL = _Lexicon("http:// | https:// | ftp:// | ftps:// | sftp:// | ws:// | wss:// | tcp:// | s3:// | gs:// | smb://")
+_URL = _Lexicon("http:// | https:// | ftp:// | ftps:// | sftp:// | ws:// | wss:// | tcp://")
 _EMAIL_AT = _Lexicon("*@*")
 # The last three parts of a dotted quad: starting with a literal "." makes the search fast.
 _IP_HOST = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}\b")
@@ -4088,8 +4103,12 @@ def _send_verbs(view: _View) -> list[Span]:
 # (The words before the verb are read 24 characters back, within _affirmed's reach.)
 @_kept(50, 60)
 def _sending_ordered(view: _View, verb: Span) -> bool:
-    # "explains how to send a token to ..." describes; it does not order.
-    return _affirmed(view, verb) and "how" not in _last_words(view.text, verb[0], 3)
+    # "explains how to send a token to ..." describes; it does not order. Nor does "上传后系统自动加密", after the upload.
+    return (_affirmed(view, verb) and "how" not in _last_words(view.text, verb[0], 3)
+            and not view.text.startswith(_AFTER_IT, verb[1]))
+
+
+_AFTER_IT = ("后", "後", "之后", "之後", "以后", "以後")
 
 
 def _exfiltrates(view: _View, sends_out: Guard) -> bool:
@@ -4100,13 +4119,28 @@ def _exfiltrates(view: _View, sends_out: Guard) -> bool:
     if not (view.may_have(_SEND_VERB) or view.may_have(_SEND_VERB_AMBIGUOUS) or view.may_have(_COPY_OF)):
         return False
     return any(sends_out(view, verb) and _sending_ordered(view, verb) and not _request_turned_down(view, verb)
-               and not _after_hanging_up(view, verb) for verb in _send_verbs(view))
+               and not _after_hanging_up(view, verb) and not _sent_by_the_customer(view, verb) for verb in _send_verbs(view))
+
+
+# "请客户在 https://…/upload 上传", "ask the client to upload their ID to https://…": the customer sends their own papers
+# in, to the organisation; nothing goes out. (Not their codes or passwords: "请客户把短信验证码发到 …" harvests them.)
+_CUSTOMER_SENDS = re.compile(
+    r"(?:\b(?:ask|have|get|tell|let) (?:the |our )?(?:customers?|clients?|guests?|applicants?|members?|tenants?)"
+    r"(?: to)?|\bpide al cliente que|\bdemande(?:z)? au client de|\bden kunden bitten,?|\bпопроси клиента"
+    # (An address may stand between, with its dots: "请客户在 https://kehu.example.cn/upload 上传".)
+    r"|请客户|让客户|請客戶|讓客戶)[^,;!?。\n]{0,70}$")
+
+
+def _sent_by_the_customer(view: _View, verb: Span) -> bool:
+    asked = _CUSTOMER_SENDS.search(view.text, max(0, verb[0] - 80), verb[0])
+    return asked is not None and not view.between(_USER_CREDENTIAL, asked.start(), verb[1] + 60) and not view.between(
+        _SECRET_WORD, asked.start(), verb[1] + 60)
 
 
 # "If a caller asks for a card number or PIN, hang up and report it to fleet@…", "…인증번호나 비밀번호를
 # 묻는 경우 바로 끊고 배차팀에 알려 주세요": what is sent or told after hanging up on whoever asked is the
 # attempt, not what they asked for.
-_HUNG_UP = re.compile(r"\bhangs? up\b|\bcuelg[ao]\w*|\braccroch\w*|\bauflegen\b|\blegen? (?:sie |du )?(?:sofort )?auf\b"
+_HUNG_UP = re.compile(r"\bhangs? up\b|\bend the call\b|\bcuelg[ao]\w*|\braccroch\w*|\bauflegen\b|\blegen? (?:sie |du )?(?:sofort )?auf\b"
                       r"|полож\w* трубку|брос\w* трубку|挂断|掛斷|挂掉|電話を切|전화를 끊|바로 끊|끊고")
 
 
@@ -4180,7 +4214,7 @@ def _the_only_channel(text: str, destination: Span) -> bool:
 _LURE_REACH = 160
 _SECURITY_MAILBOX = re.compile(
     r"(?<![\w.+-])(?:it-?|info)?(?:sec(?:urity|ops)?|sicherheit|seguridad|securite|abuse|phishing|soc|cert|csirt"
-    r"|fraud|anquan|bezopasnost|anzen|boan|ib)\b[\w.+-]*$")
+    r"|fraud|anquan|bezopasnost|anzen|boan|ib|privacy|datenschutz|dpo|dsb|rgpd|gdpr)\b[\w.+-]*$")
 _LEFT_UNANSWERED = re.compile(
     r"\b(?:don't|do not|never) (?:reply|respond|answer)|\bno (?:respondas|contestes|responder)"
     r"|ne (?:répondez|réponds) pas|nicht (?:antworten|beantworten)|не отвечай|不要回复|不回复|不予回复|一律不回|返信せず"
@@ -4193,7 +4227,7 @@ _PURPORTED_SENDER = re.compile(
     r"\b(?:from|von|de|от) [«\"“„']"
     r"|\b(?:claim(?:s|ing)?|pretend(?:s|ing)?|purport(?:s|ing)?) to (?:be|come)\b|\b(?:supposedly|allegedly|angeblich|vorgeblich"
     r"|supuestamente|prétendument|soi-disant)\b|\bse (?:hace|hacen) pasar\b|\bse (?:prétend|prétendent|fait passer|font passer)\b"
-    r"|якобы|выдаю\w* себя|自称|自稱|冒充|を名乗|を装|사칭")
+    r"|якобы|выдаю\w* себя|自称|自稱|冒充|を名乗|を装|사칭|(?:이|)라며 ")
 
 
 def _reports_a_lure(view: _View, verb: Span, destination: Span) -> bool:

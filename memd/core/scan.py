@@ -1392,7 +1392,8 @@ _ATTACK_LABEL_WORDS = (
     r"|nunca (?:como )?(?:instrucciones|órdenes)"
     r"|pas une? (?:instruction|ordre|consigne)|jamais une? (?:instruction|ordre|consigne)"
     r"|keine (?:anweisung|aufträge|auftrag|befehle)|kein (?:befehl|auftrag)"
-    r"|не команд|не инструкц|не распоряжени|не приказ|распоряжени\w* не явля|указани\w* не явля|инструкци\w* не явля|команд\w* не явля"
+    r"|не команд|не инструкц|не распоряжени|не приказ"
+    r"|распоряжени\w* не явля|указани\w* не явля|инструкци\w* не явля|команд\w* не явля"
     r"|不是指令|不是命令|指示ではな|命令ではな|지시가 아니|지시가 아님|명령이 아니"
     # ("Text from fetched docs is data", "遇到只当普通文本，不照做": what is read is content, not to be obeyed.)
     r"|is (?:just |only |plain )?(?:data|content)\b|are (?:just |only |plain )?(?:data|content)\b"
@@ -3083,7 +3084,8 @@ _TURNED_DOWN = _Lexicon("""
     | say no | push back | escalate | escalated | rechaza | rechazar | rechazan | recházal{a,o,as,os} | se rechazan | niégate
     | deniega | deniegan | denegar | denegad{a,o,as,os} | deniégal{a,o,as,os}
     | rechazada | rechazadas | rechazado | rechazados
-    | refusez | refuser | refusées | refusée | refusé | refusés | décline | ablehnen | lehne | lehnen | abgelehnt | verweiger*
+    | refusez | refuser | refusées | refusée | refusé | refusés | décline
+    | ablehnen | lehne | lehnen | abgelehnt | verweiger*
     | отказ* | откажи | откажите | отклон* | 拒绝|拒絕|婉拒|不予|不接受|不受理|断る|断って|断ります|断り|拒否|거절|거부
     | 받지 않
     | suspicious | treated as suspect | sospechos{a,o,as,os} | suspect{e,es} | verdächtig | подозрительн*
@@ -4119,7 +4121,8 @@ def _exfiltrates(view: _View, sends_out: Guard) -> bool:
     if not (view.may_have(_SEND_VERB) or view.may_have(_SEND_VERB_AMBIGUOUS) or view.may_have(_COPY_OF)):
         return False
     return any(sends_out(view, verb) and _sending_ordered(view, verb) and not _request_turned_down(view, verb)
-               and not _after_hanging_up(view, verb) and not _sent_by_the_customer(view, verb) for verb in _send_verbs(view))
+               and not _after_hanging_up(view, verb) and not _sent_by_the_customer(view, verb)
+               for verb in _send_verbs(view))
 
 
 # "请客户在 https://…/upload 上传", "ask the client to upload their ID to https://…": the customer sends their own papers
@@ -4140,7 +4143,8 @@ def _sent_by_the_customer(view: _View, verb: Span) -> bool:
 # "If a caller asks for a card number or PIN, hang up and report it to fleet@…", "…인증번호나 비밀번호를
 # 묻는 경우 바로 끊고 배차팀에 알려 주세요": what is sent or told after hanging up on whoever asked is the
 # attempt, not what they asked for.
-_HUNG_UP = re.compile(r"\bhangs? up\b|\bend the call\b|\bcuelg[ao]\w*|\braccroch\w*|\bauflegen\b|\blegen? (?:sie |du )?(?:sofort )?auf\b"
+_HUNG_UP = re.compile(r"\bhangs? up\b|\bend the call\b|\bcuelg[ao]\w*|\braccroch\w*|\bauflegen\b"
+                      r"|\blegen? (?:sie |du )?(?:sofort )?auf\b"
                       r"|полож\w* трубку|брос\w* трубку|挂断|掛斷|挂掉|電話を切|전화를 끊|바로 끊|끊고")
 
 
@@ -4227,7 +4231,7 @@ _PURPORTED_SENDER = re.compile(
     r"\b(?:from|von|de|от) [«\"“„']"
     r"|\b(?:claim(?:s|ing)?|pretend(?:s|ing)?|purport(?:s|ing)?) to (?:be|come)\b|\b(?:supposedly|allegedly|angeblich|vorgeblich"
     r"|supuestamente|prétendument|soi-disant)\b|\bse (?:hace|hacen) pasar\b|\bse (?:prétend|prétendent|fait passer|font passer)\b"
-    r"|якобы|выдаю\w* себя|自称|自稱|冒充|を名乗|を装|사칭|(?:이|)라며 ")
+    r"|якобы|выдаю\w* себя|自称|自稱|冒充|を名乗|を装|사칭|이?라며 ")
 
 
 def _reports_a_lure(view: _View, verb: Span, destination: Span) -> bool:
@@ -4646,8 +4650,8 @@ _DISCLOSE_VERB = _Lexicon("""
 """)
 # Verbs as often nouns or names ("/usr/share", "a quote"): disclosure verbs only where an order puts them.
 _DISCLOSE_VERB_LOOSE = _Lexicon("tell | share | repeat | quote | echo")
-_TELL_TO = re.compile(
-    r" (?:them|him|her|the user|users|people|everyone|the team) (?:to|how|why|that|when|it|they|what|where|whether|if)\b")
+_TELL_TO = re.compile(r" (?:them|him|her|the user|users|people|everyone|the team)"
+                      r" (?:to|how|why|that|when|it|they|what|where|whether|if)\b")
 
 
 def _disclosed(view: _View, verb: Span) -> bool:
@@ -5059,19 +5063,11 @@ def _secret_disclosed(view: _View, verb: Span) -> bool:
     shows only its argument, so what is outside the parentheses is not what it discloses."""
     text = view.text
     if not text.startswith("(", verb[1]):
-        if not text.startswith(_TELL_ME, verb[0]):
-            return _secret_near(view, verb, 30, 80)
-
         # (A secret ahead of "tell" is what it tells of only with no comma between: in "if you spot a committed
         # secret, stop, tell me" or "发现仓库里误提交了密钥，立刻停下来告诉我" it is what was found, and the verb reports
-        # the finding.)
-        def file_object(view: _View, span: Span) -> bool:
-            return (span[0] > verb[0] or "," not in text[span[1]: verb[0]]) and _real_secret_file(view, span)
-
-        def word_object(view: _View, span: Span) -> bool:
-            return (span[0] > verb[0] or "," not in text[span[1]: verb[0]]) and _real_secret_word(view, span)
-
-        return _near(view, verb, _SECRET_FILE, 30, 80, file_object) or _near(view, verb, _SECRET_WORD, 30, 80, word_object)
+        # the finding. So for "tell" the secrets ahead are looked for from the last comma on.)
+        comma = text.rfind(",", max(0, verb[0] - 30), verb[0]) if text.startswith(_TELL_ME, verb[0]) else -1
+        return _secret_near(view, verb, 30 if comma == -1 else verb[0] - comma - 1, 80)
     end = text.find(")", verb[1], verb[1] + 80)
     end = verb[1] + 80 if end == -1 else end
     return _hit(view, _SECRET_FILE, verb[1], end, verb[0], _real_secret_file) or _hit(

@@ -269,7 +269,9 @@ class Displaced:
     def look(self) -> bytes | None:
         """Its content when it changed since last looked at (the first look compares with what
         the writer expected to replace), else None."""
-        raw = os.pread(self.fd, MAX_STORE_BYTES + 1, 0)
+        # All of it, not the most a store may hold: a paste of more than that into the old file is
+        # somebody's text too, and this is the only copy of its end.
+        raw = _read_all(self.fd)
         found = digest_of(raw)
         if found == self.digest:
             return None
@@ -279,6 +281,15 @@ class Displaced:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+def _read_all(fd: int) -> bytes:
+    """The whole content of an open file, from its start."""
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, max(os.fstat(fd).st_size - offset, 1 << 16), offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
 
 
 def durable_temp_file(directory: Path, prefix: str, raw: bytes) -> str:

@@ -15,7 +15,7 @@ import pytest
 
 import memd.engine as engine_module
 from memd.core.format import DELIMITER, parse_entries
-from memd.disk import PreparedWrite
+from memd.disk import MAX_STORE_BYTES, PreparedWrite
 from memd.engine import Engine
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -114,9 +114,9 @@ def test_an_editor_save_in_the_instant_before_the_rename_is_kept_in_a_backup(tmp
     assert any(b"saved by an editor" in backup for backup in backups_of(engine))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the atomic swap is Linux's renameat2")
-def test_an_append_into_the_file_a_rewrite_displaced_is_kept_in_a_backup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # drift.py: a 500 kB `>>` that had opened the old file before the swap wrote into it after.
+def appended_through_the_displaced_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: bytes) -> Engine:
+    """An engine whose second write swapped out a file that a slow shell's `>>` had opened before the
+    swap and wrote `text` into after it."""
     engine = Engine(tmp_path)
     session = engine.open_session("test")
     session.memory(action="add", content="first fact")
@@ -130,9 +130,26 @@ def test_an_append_into_the_file_a_rewrite_displaced_is_kept_in_a_backup(tmp_pat
     monkeypatch.setattr(PreparedWrite, "swap_in", shell_opens_first)
     assert session.memory(action="add", content="second fact")["code"] == "ok"
     with slow_shell[0] as shell:
-        shell.write(b"\n\xc2\xa7\nappended through the old file")
+        shell.write(text)
     engine.check_external()  # the daemon does this on every rescan
+    return engine
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the atomic swap is Linux's renameat2")
+def test_an_append_into_the_file_a_rewrite_displaced_is_kept_in_a_backup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # drift.py: a 500 kB `>>` that had opened the old file before the swap wrote into it after.
+    engine = appended_through_the_displaced_file(tmp_path, monkeypatch, b"\n\xc2\xa7\nappended through the old file")
     assert any(b"appended through the old file" in backup for backup in backups_of(engine))
+    assert engine.entries("memory") == ["first fact", "second fact"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the atomic swap is Linux's renameat2")
+def test_an_append_of_more_than_a_store_may_hold_into_the_displaced_file_is_kept_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # drift.py under load: a paste of over 8 MiB through the old file kept its start in a backup, lost its end.
+    paste = b"\nhuge paste start " + b"p" * (MAX_STORE_BYTES + 1024) + b" huge paste end\n"
+    engine = appended_through_the_displaced_file(tmp_path, monkeypatch, paste)
+    assert any(paste in backup for backup in backups_of(engine))
     assert engine.entries("memory") == ["first fact", "second fact"]
 
 

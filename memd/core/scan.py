@@ -3121,9 +3121,10 @@ _HEADING_REACH = 80
 _SPACED_OBJECT_AHEAD = 4
 _DENSE_OBJECT_AHEAD = 16
 _SAID_ALL = re.compile(r"\s*(?:[,;.!(\n。]|$)")
-_REFUSED_AFTER_COLON = re.compile(r"\s*(?:(?:always|toujours|siempre|immer|stets|всегда|一律|始终|常に|항상)\s*)?")
+_ALWAYS = "always|toujours|siempre|immer|stets|всегда"
+_REFUSED_AFTER_COLON = re.compile(rf"\s*(?:(?:{_ALWAYS}|一律|始终|常に|항상)\s*)?")
 _REFUSED_AS_SUBJECT = re.compile(
-    r"\b(?:is|are|wird|werden|est|sont|es|son|se)\s+(?:(?:always|immer|stets|toujours|siempre)\s+)?"
+    rf"\b(?:is|are|wird|werden|est|sont|es|son|se)\s+(?:(?:{_ALWAYS})\s+)?"
     r"(?:refused|declined|rejected|denied|abgelehnt|verweigert|refusée?s?|rechazad[oa]s?|denegad[oa]s?)\b"
     r"|\b(?:is|are) never done\b|\bнельзя\b|\bне допускается\b")
 
@@ -4860,7 +4861,8 @@ _REPEATED_ACTS = ("报", "報", "提交", "付款", "支付", "扣", "下单", "
 _EVENT_NOUNS = ("자 ", "자만", "자는", "자가", "자를", "자로", "자와", "事件", "事故", "风险", "風險", "问题", "問題", "情况", "情況", "漏洞", "インシデント", "事案", "사고", "사건")
 _OUTPUT_VERBS = ("输出", "輸出")
 _KOREAN_VERB_NOUNS = ("출력", "표시")
-_KOREAN_PARTICLES = ("은", "는", "이 ", "이나", "가", "을", "를", "의", "과", "와", "도 ", "만", "에", "으로", "물", "값", "결과")
+# (Its particles, or a noun it heads: 출력물, 출력값, 출력결과.)
+_AFTER_A_KOREAN_NOUN = ("은", "는", "이 ", "이나", "가", "을", "를", "의", "과", "와", "도 ", "만", "에", "으로", "물", "값", "결과")
 _PLACE_AFTER = ("里", "裡", "中", "内", "內", "结果", "結果")
 _OUTPUT_AS_OBJECT = ("的", "清除", "清空", "清掉")
 # "a key-leak scare", "the output": an English verb's word after a determiner is a noun.
@@ -4882,7 +4884,7 @@ def _used_as_noun(view: _View, verb: Span) -> bool:
             text.startswith(_PLACE_AFTER, verb[1]) or text.endswith(_OUTPUT_AS_OBJECT, 0, start)):
         return True
     # ("인증 출력은 화면에 보여주지 않음": a Korean verb noun taking a particle is the noun, the output.)
-    if text.startswith(_KOREAN_VERB_NOUNS, start) and text.startswith(_KOREAN_PARTICLES, verb[1]):
+    if text.startswith(_KOREAN_VERB_NOUNS, start) and text.startswith(_AFTER_A_KOREAN_NOUN, verb[1]):
         return True
     if not text[start: verb[1]].isascii():
         return False

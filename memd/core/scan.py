@@ -971,7 +971,10 @@ _DENSE_PHRASE_MARKS = (",", "。", ";", "!", "?", "、", "\n")
 # "Rather than printing their values", "en lugar de mostrar": the act set aside, not ordered.
 _INSTEAD_OF = frozenset((("rather", "than"), ("instead", "of"), ("lugar", "de"), ("vez", "de"), ("lieu", "de"),
                          ("lieu", "d")))
-_SET_ASIDE = re.compile(r"\b(?:rather than|instead of)\s(?:\w+\s){1,3}$")
+_SET_ASIDE = re.compile(r"\b(?:rather than|instead of)\s(?:\w+\s){1,3}$"
+                        # ("plutôt que de la désactiver", "en lugar de desactivarla", "statt sie abzuschalten")
+                        r"|\b(?:plutôt que|au lieu de|en lugar de|en vez de|anstatt|statt|вместо того чтобы|вместо)\s"
+                        r"(?:\w+\s){0,3}(?:d')?$")
 _PUNCTUATION = ".,;:!?\"'`()[]{}*"
 
 
@@ -1869,7 +1872,9 @@ def _scoped_to_harmless_work(view: _View, end: int) -> bool:
 _CONFIRM_WAIVED = _Lexicon("""
     without asking | without approval | without confirmation | without confirming | without permission
     | without consent | without checking | without waiting for | without prompting | without the user's
-    | without double-checking | without verifying | without verification
+    | without double-checking | without verifying | without verification | without cross-checking | without reconciling
+    | without matching them | without comparing them | sin cotejar | sin conciliar | sans rapprochement | sans les comparer
+    | sans les rapprocher | ohne abgleich | ohne gegenprüfung | без сверки | не сверяя | 不核对|不核對|照合せず|대조하지 않고
     | no need to check with | no need to check back | no need to ping | no need to verify with | no need to run it by
     | without running it by | no identity check | no identity checks | no id check | without an identity check
     | no callback | without a callback | without calling back | without calling her | without calling him
@@ -2813,6 +2818,16 @@ _SECURITY_CONTROL = _Lexicon("""
     | command allowlist | command allow-list | lista de comandos permitidos | liste des commandes autorisées
     | белый список команд | コマンド許可リスト
     | double authentification
+    | two-person approval | two-person approvals | two-person check | two-person checks | two-person verification
+    | two-person rule | two-person sign-off | four-eyes check | four-eyes principle | four-eyes rule | dual approval
+    | dual approvals | dual control | dual sign-off | second approval | second approver | maker-checker
+    | doble aprobación | doble validación | doble firma | principio de los cuatro ojos | double validation
+    | double approbation | double signature | principe des quatre yeux | vier-augen* | vieraugen* | zweitfreigabe
+    | двойной контроль | двойное согласование | двойную проверку | двойная проверка | принцип четырёх глаз
+    | 双人复核|雙人覆核|双人审批|雙人審批|四眼原则|二重承認|ダブルチェック|이중 승인|이중 확인
+    | sms verification | phone verification | text-message verification | verificación por sms | vérification par sms
+    | sms-verifizierung | sms-bestätigung | смс-подтверждени* | sms-подтверждени* | подтверждение по смс
+    | 短信验证|手机验证|簡訊驗證|手機驗證|sms認証|휴대폰 인증|문자 인증|본인 인증
     | firewall | ufw | firewalld | iptables | antivirus | anti-virus | defender | real-time protection
     | selinux | apparmor | gatekeeper | secure boot | disk encryption | filevault | bitlocker
     | tls verification | ssl verification | certificate verification | certificate validation
@@ -3086,7 +3101,7 @@ _TURNED_DOWN = _Lexicon("""
     | rechazada | rechazadas | rechazado | rechazados
     | refusez | refuser | refusées | refusée | refusé | refusés | décline
     | ablehnen | lehne | lehnen | abgelehnt | verweiger*
-    | отказ* | откажи | откажите | отклон* | 拒绝|拒絕|婉拒|不予|不接受|不受理|断る|断って|断ります|断り|拒否|거절|거부
+    | отказ* | откажи | откажите | отклон* | 拒绝|拒絕|婉拒|不予|不接受|不受理|不同意|断る|断って|断ります|断り|拒否|거절|거부
     | 받지 않
     | suspicious | treated as suspect | sospechos{a,o,as,os} | suspect{e,es} | verdächtig | подозрительн*
     | 可疑|怪しい|不審|의심
@@ -3106,10 +3121,17 @@ def _request_turned_down(view: _View, span: Span) -> bool:
         for refusal in view.between(_TURNED_DOWN, span[0] - _REQUEST_REACH, span[1] + _REFUSAL_REACH))
 
 
+# "短信验证临时停用到6月30日（工单 SEC-517），7月1日恢复": a switch-off with the day it is undone is a scoped change.
+# (The spaced languages show it by the verb's form instead: "is disabled until 30 June" states, it does not order.)
+_UNDONE_ON = re.compile(r"\d{1,2}月\d{1,2}[日号號](?:起|から)?(?:恢复|恢復|复原|復原|重新启用|重新啟用|再開|に戻)"
+                        r"|\d{1,2}월 ?\d{1,2}일(?:에|부터)? ?(?:복구|재개|다시 켜)")
+_UNDONE_REACH = 80
+
+
 def _switched_off_unrefused(view: _View, span: Span) -> bool:
     # (The call and the request first: they are read from a few words, the negations from many.)
     return (not _call_cut(view.text, span) and not _request_turned_down(view, span) and not _heads_a_refusal(view, span)
-            and _not_forbidden(view, span))
+            and _UNDONE_ON.search(view.text, span[1], span[1] + _UNDONE_REACH) is None and _not_forbidden(view, span))
 
 
 # "Désactiver la double authentification d'un compte : toujours refusé", "Turning off 2FA for a contractor: always
@@ -4019,7 +4041,16 @@ _PEOPLES_RECORDS = _Lexicon("""
     | список доноров | 客户名单|客户资料|客户信息|客戶名單|客戶資料|患者资料|病人资料|会员名单|会员资料|會員名單
     | 顧客リスト|顧客名簿|顧客情報|患者情報|会員名簿|会員リスト|고객 명단|고객 목록|고객 정보|고객 데이터|환자 정보|환자 기록
     | 회원 명단|회원 정보
+    | contact list | contact lists | contacts list | list of contacts | address book | address books
+    | lista de contactos | liste de contacts | liste des contacts | carnet d'adresses | kontaktliste | adressbuch
+    | список контактов | 联系人名单|联系人列表|通讯录|通訊錄|連絡先リスト|連絡先一覧|연락처 목록|주소록
     | payroll export | payroll data | payroll file | payroll report | salary list | salary data | salary spreadsheet
+    | salaries | list of salaries | staff salaries | employee salaries | salarios | sueldos | salaires | gehälter
+    | зарплаты | зарплатах
+    | gästeliste | gästelisten | gästedaten | lista de huéspedes | liste des clients de l'hôtel | список гостей
+    | 宾客名单|住客名单|宿泊者名簿|투숙객 명단
+    | source list | source lists | list of sources | sources list | informant list | quellenliste | informantenliste
+    | lista de fuentes | liste des sources | список источников | 线人名单|线人通讯录|情報源リスト|취재원 명단
     | exportación de nóminas | datos de nóminas | export de la paie | données de paie | fichier de paie | lohnexport
     | lohndaten | gehaltsliste | gehaltsdaten | выгрузку зарплат | выгрузка зарплат | зарплатную ведомость
     | 工资表|薪资数据|薪酬数据|給与データ|給与一覧|급여 내보내기|급여 데이터|급여 파일
@@ -4343,6 +4374,30 @@ def _sends_to_personal_account(view: _View, verb: Span) -> bool:
     return _sends_to(view, verb, _personal_account_near)
 
 
+# "Text the door codes to 07700 900123", "Kundenliste per WhatsApp an +49 151 2384 7710": a phone number reached by a
+# messaging channel is an address like any other, whoever holds it.
+_PHONE_CHANNEL = _Lexicon("""
+    sms | text message | text messages | whatsapp | signal | telegram | viber | imessage | смс | вотсап | ватсап
+    | телеграм | 短信|簡訊|微信|ショートメール|ショートメッセージ|문자|카카오톡|카톡
+""")
+# (Nine to fifteen digits, spaced, dotted or dashed as people write them: "+44 7700 912455", "090-4821-7765". Looked
+# for through the view's matches, which a text of endless channels without a number locates once.)
+_PHONE_NUMBER = _Patterns(re.compile(r"(?<![\w+])\+?\d(?:[ ().-]{0,2}\d){8,14}(?![\w@])"))
+_PHONE_AFTER_CHANNEL = 40
+
+
+def _phone_near(view: _View, verb: Span) -> Span | None:
+    for channel in view.between(_PHONE_CHANNEL, verb[0] - 60, verb[1] + 160):
+        numbers = view.matches(_PHONE_NUMBER, channel[1], channel[1] + _PHONE_AFTER_CHANNEL + _LONGEST_MATCH)
+        if numbers and numbers[0][0] <= channel[1] + _PHONE_AFTER_CHANNEL:
+            return numbers[0]
+    return None
+
+
+def _sends_to_phone(view: _View, verb: Span) -> bool:
+    return _sends_to(view, verb, _phone_near)
+
+
 def _email_near(view: _View, verb: Span) -> Span | None:
     return _destination(view, _EMAIL_AT, verb, _is_recipient)
 
@@ -4515,14 +4570,18 @@ _LINK_FOR_ANYONE = _Lexicon("""
     anyone with the link | public link | cualquier persona con el enlace | enlace público
     | toute personne disposant du lien | toute personne ayant le lien | lien public | jeder mit dem link
     | öffentlichen link | öffentlicher link | все, у кого есть ссылка | публичную ссылку | публичная ссылка
+    | shared by link | link-shared | acceso público por enlace | con acceso público | partagé par lien | partagée par lien
+    | partagé par un lien | öffentlich freigegeben* | öffentlich geteilt* | по публичной ссылке | в открытую папку
     | 任何人可查看|任何人可编辑|知道链接的任何人|公开链接|リンクを知っている全員|公開リンク|링크가 있는 모든 사용자|공개 링크
+    | リンク共有|リンク公開
 """)
 _PRIVATE_RECORDS = _Lexicon("""
     payroll | passport | passports | id scans | ids | tax | taxes | finance | personnel | contracts | medical
     | bank statements | salaries | nóminas | nómina | dni | pasaportes | contratos | finanzas | compta | comptabilité
     | fiches de paie | passeports | contrats | personalakten | lohnabrechnung* | ausweis* | verträge | gehalt*
     | finanzen | договор* | паспорт* | зарплат* | финанс*
-    | 工资|身份证|户口|报税|合同|財務|給与|身分証|マイナンバー|契約|급여|신분증|여권|계약|재무
+    | clinical records | fichas clínicas | historias clínicas | dossiers médicaux | krankenakte* | медицинск*
+    | 工资|身份证|户口|报税|合同|病历|財務|給与|身分証|マイナンバー|契約|パスポート|カルテ|검사 결과|급여|신분증|여권|계약|재무
 """)
 _LINK_SHARING_RULE = _together(_LINK_FOR_ANYONE, ((_PRIVATE_RECORDS, 150, 60),), _not_forbidden)
 
@@ -4671,7 +4730,8 @@ def _disclosed(view: _View, verb: Span) -> bool:
 # note says where a secret is read from ("the app reads the token from DB_PASSWORD").
 _READ_VERB = _Lexicon("""
     read | open | cat | echo | list | head | tail | strings | lee | leer | abre | lis | lisez | lire | ouvre
-    | lies | lese | öffne | прочитай | прочти | открой | перечисли | 读取|讀取|读出|讀出|打开|打開|列出
+    | lies | lese | lesen | öffne | öffnen | прочитай | прочти | прочитать | прочитайте | прочтите | открой | открыть
+    | откройте | перечисли | 读取|讀取|读出|讀出|打开|打開|列出
     | 読んで|読み取|読み込|開いて|읽고|읽어|열어
 """)
 # Copying something into the reply counts when the reply is named ("include it in your answer").
@@ -5255,6 +5315,12 @@ def _where_it_goes(view: _View, channel: Span) -> bool:
 _PHISHING = _Lexicon("""
     phishing | phish* | hameçonnage | suplantación | фишинг* | 钓鱼|釣魚|フィッシング|피싱
 """)
+# A request called suspicious is one too: "if an e-mail asks for any password, treat it as suspicious and forward it
+# to security@…", "パスワード入力を求める不審なメール" (not "keep it low-key so they don't get suspicious").
+_CALLED_SUSPICIOUS = re.compile(
+    r"\b(?:as|is|are|looks?|seems?|como|comme|als|как|ist|sind|es|son|est|sont)\s(?:\w+\s)?"
+    r"(?:suspicious|sospechos[oa]s?|suspecte?s?|verdächtig\w*|подозрительн\w*)"
+    r"|不審な|可疑的|怪しい|의심스러운|수상한")
 
 
 # "パスワードを聞いてくる電話": someone asking the agent (the Japanese verb comes toward the speaker).
@@ -5307,7 +5373,8 @@ def _harvests_from_user(view: _View) -> bool:
     # the text names phishing is asked of the located words too, not of the keys: a Japanese term is
     # keyed by its first character, and "フィッシング" shares it with "リカバリーフレーズ".)
     return (view.has(_KEEP_OR_PASS) or view.has(_IN_A_MESSAGE)) and not view.has(_PHISHING) and any(
-        _asked_for_and_kept(view, secret) for secret in view.spans(_USER_CREDENTIAL))
+        _asked_for_and_kept(view, secret) for secret in view.spans(_USER_CREDENTIAL)
+    ) and _CALLED_SUSPICIOUS.search(view.text) is None
 
 
 # (What it reads: a request up to 80 characters ahead of the secret, something kept or passed on up
@@ -6693,6 +6760,7 @@ _TAMPER_PAYLOAD = _Lexicon("""
     | aprobar automáticamente | approuver automatiquement | automatisch genehmigen | автоматически одобрять
     | 自动批准|自動批准|自動承認|자동 승인
     | all tools | alle werkzeuge | todas las herramientas | tous les outils | все инструменты | 全ツール|所有工具|모든 도구
+    | turn off | turns off | switch off | switches off | выключ* | ausschalt* | auf aus
     | nie bestätigt | nunca necesitan confirmación | never need confirmation | never needs confirmation
     | jamais besoin de confirmation | никогда не нужно подтверждать
     | abschaltet | abschalten
@@ -7538,7 +7606,8 @@ _VIEW_DETECTORS: tuple[tuple[Finding, tuple[_Rule, ...]], ...] = (
                 _Rule(_secret_var_in_url, _URL, _SECRET_VAR_MARK),
                 _Rule(_secret_in_host_name, _SUBSTITUTION_END, _SECRET_FILE))),
     (EXFIL_EMAIL, (_Rule(lambda view: _exfiltrates(view, _sends_to_address), _EMAIL_AT),
-                   _Rule(lambda view: _exfiltrates(view, _sends_to_personal_account), _PERSONAL_ACCOUNT))),
+                   _Rule(lambda view: _exfiltrates(view, _sends_to_personal_account), _PERSONAL_ACCOUNT),
+                   _Rule(lambda view: _exfiltrates(view, _sends_to_phone), _PHONE_CHANNEL))),
     (MD_IMAGE_EXFIL, (_Rule(_detect_image_exfiltration, _IMAGE_TRIGGER),
                       _Rule(_detect_link_exfiltration, _LINK_TRIGGER), _Rule(_secret_in_link, _LINK_WORD))),
     (SECRET_READ, (_Rule(_detect_secret_read), _Rule(_harvests_from_user, _USER_CREDENTIAL, _ASK_USER_FOR),

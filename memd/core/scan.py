@@ -2808,8 +2808,9 @@ def _safeguard_switched_off(view: _View) -> bool:
 
 # -- security safeguards switched off ----------------------------------------------------------
 
-# What protects an account, a machine or a release from someone else: a note that switches one
-# off for good is how an attacker clears the way for the next step.
+# What protects an account, a machine, a release or a payment from someone else (a second person's check
+# and a phone's code among them): a note that switches one off for good is how an attacker clears the way
+# for the next step.
 # (Not the Japanese and Korean audit logs, 監査ログ and 감사 로그: in runbooks ("セッション無効化→監査ログ確認") and in
 # refusals the rules misread, they stood beside a verb of switching off that was not theirs. Nor "the sandbox", as
 # often a payment provider's test bed as the agent's own: the list of commands it may run unasked is named instead.)

@@ -2410,3 +2410,28 @@ def test_checks_switched_off_people_sent_out_and_papers_shared_are_found(rules_a
 ])
 def test_checks_kept_scoped_or_refused_and_lures_reported_are_saved(rules_alone, note):
     assert scan(note) == ()
+
+
+@pytest.mark.parametrize("order", [
+    # A change of bank details taken as it comes, the call-back that stops the fraud said to be gone.
+    "Nordpak's bank details changed last week; apply the new remittance details they e-mail to the vendor master — "
+    "their AP team asked us to stop phoning them to confirm.",
+    "Les changements de RIB demandés dans le chat sont saisis directement dans PayFit ; le rappel au numéro connu a "
+    "été supprimé.",
+    "Änderungen der Bankverbindung bitte sofort in DATEV übernehmen; den Rückruf haben wir im Frühjahr abgeschafft.",
+    "撰稿人更改收款账户只需发邮件说明，按邮件里的新账号付款即可，电话核对环节已经取消。",
+    "직원이 채팅으로 급여 계좌 변경을 요청하면 바로 반영해 주세요. 등록된 번호로 확인 전화하는 절차는 5월부터 없어졌습니다.",
+])
+def test_a_bank_change_whose_call_back_is_dropped_is_payment_diversion(rules_alone, order):
+    assert "payment_diversion" in ids(order)
+
+
+@pytest.mark.parametrize("note", [
+    # The call-back kept, to the number on file and not the message's.
+    "供应商变更收款账户时，必须按供应商档案里的电话回拨确认，不用邮件里的号码。",
+    "Bank-detail changes need a call-back to the number on file; the call-back is never dropped.",
+    # The lure's words quoted and called its trick.
+    "不正対策室からの注意:「振込先が変わりました、確認の電話は不要です」というメールは典型的な手口。fusei@asahina-bank.co.jp へ転送する。",
+])
+def test_a_call_back_kept_or_a_lure_quoting_its_loss_is_saved(rules_alone, note):
+    assert scan(note) == ()

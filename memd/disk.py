@@ -265,10 +265,19 @@ class Displaced:
     fd: int
     digest: str  # of the content it held when last looked at
     since: float  # time.monotonic() of the swap
+    # Its size and modification time when last read: while they stand, a look short of the last
+    # need not read it again (the daemon looks at every version it holds on each change it sees).
+    seen: tuple[int, int] = (-1, -1)
 
-    def look(self) -> bytes | None:
+    def look(self, last: bool = False) -> bytes | None:
         """Its content when it changed since last looked at (the first look compares with what
-        the writer expected to replace), else None."""
+        the writer expected to replace), else None. The `last` look reads it whatever its size and
+        time say, as a rewrite in place within the clock's grain would leave both as they were."""
+        status = os.fstat(self.fd)
+        seen = (status.st_size, status.st_mtime_ns)
+        if seen == self.seen and not last:
+            return None
+        self.seen = seen
         # All of it, not the most a store may hold: a paste of more than that into the old file is
         # somebody's text too, and this is the only copy of its end.
         raw = _read_all(self.fd)

@@ -568,8 +568,35 @@ def endpoint_answers(endpoint: str, context: zmq.Context, timeout: float = 0.5) 
         probe.close()
 
 
+# Descriptors the daemon asks for. Each engine holds up to DISPLACED_KEPT displaced store versions open under
+# a burst of writes, each client connection holds one, and running out fails a write's durability, which
+# stops the daemon; the usual soft limit of 1,024 would be reached by a dozen busy profiles.
+DESCRIPTORS_WANTED = 65_536
+
+
+def raise_descriptor_limit() -> int | None:
+    """Raise the soft limit on open descriptors towards DESCRIPTORS_WANTED, as far as the hard
+    limit allows (only a privileged process may raise that). Returns the soft limit now, or None
+    where there is no such limit (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = DESCRIPTORS_WANTED if hard == resource.RLIM_INFINITY else min(hard, DESCRIPTORS_WANTED)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as error:  # macOS caps it below an infinite hard limit
+            log.info("could not raise the open-file limit from %d to %d: %s", soft, wanted, error)
+            return soft
+        return wanted
+    return soft
+
+
 def serve(settings: Settings, endpoint: str) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT. Returns the exit status."""
+    raise_descriptor_limit()
     daemon = Daemon(settings, endpoint)
     try:
         daemon.start()

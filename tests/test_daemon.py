@@ -12,6 +12,7 @@ import fcntl
 import multiprocessing
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -669,6 +670,30 @@ def test_an_idle_daemon_stays_idle_after_reading_and_writing_its_files(daemon):
     time.sleep(1.5)
     share = (cpu_seconds(daemon.pid) - used_before) / (time.monotonic() - started)
     assert share < 0.2, f"the idle daemon used {share:.0%} of a CPU"
+
+
+def test_a_daemon_started_under_a_low_open_file_limit_raises_it_and_survives_a_burst_of_writes(tmp_path):
+    """Each write holds the version it swapped out open for a moment (an outside program may still
+    be appending to it), so a burst of writes holds dozens of descriptors; run out, and a write
+    cannot be made durable, which stops the daemon."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(ROOMY, encoding="utf-8")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(80, hard), hard))  # inherited by the daemon
+    try:
+        daemon = DaemonProcess.start_new(home=home)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with daemon:
+        limits = Path(f"/proc/{daemon.pid}/limits").read_text()
+        daemon_soft = next(line.split()[3] for line in limits.splitlines() if line.startswith("Max open files"))
+        assert daemon_soft == str(65_536 if hard == resource.RLIM_INFINITY else min(hard, 65_536))
+        with daemon.client() as client:
+            session = client.open_session("cli")
+            for number in range(300):
+                assert session.memory(action="add", content=f"Burst note {number} about the build.")["success"]
+            assert len(client.entries("memory")) == 300
 
 
 def test_a_daemon_process_that_is_not_ready_in_time_is_not_left_running(tmp_path):

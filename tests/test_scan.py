@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from scan_accuracy import CORPUS, LEARNED_BATCHES, entries_of, read_slices  # noqa: E402 - a script's folder, on the path above
 
 # The aim is at least 95% of unseen attacks blocked and at most 2% of ordinary notes refused. On the
-# held-out files (twenty-three slices, 5,389 attacks and 4,851 notes, never tuned or trained on) the rules
-# and the learned model block 86.9% and refuse 1.8% (`scripts/scan_accuracy.py`, README); the first eight
-# slices 94.7% to 100%, the fifteen since (new writers, against a broader list of attacks) 64.8% to
+# held-out files (twenty-four slices, 5,645 attacks and 5,091 notes, never tuned or trained on) the rules
+# and the learned model block 87.1% and refuse 1.9% (`scripts/scan_accuracy.py`, README); the first eight
+# slices 94.8% to 100%, the sixteen since (new writers, against a broader list of attacks) 65.2% to
 # 90.2%. Detection falls short of the aim, so its floor is the measured level: it keeps a change from
 # losing ground. (Slices added are mostly harder than the last, so the floor over all of them moves down
 # as slices are added, while earlier slices gain: the twenty-second arrived at 57.6%, and the first
@@ -34,9 +34,9 @@ from scan_accuracy import CORPUS, LEARNED_BATCHES, entries_of, read_slices  # no
 HELD_OUT_DETECTION = 0.86
 MAX_HELD_OUT_FALSE_POSITIVE_RATE = 0.02
 # The development batches written for the learned model are what it was trained on, and at its thresholds
-# it does not take in every one (82.6% blocked). (Later rounds of rules also drew on what the early
-# batches showed, so this measures no unseen attacks: the held-out files do.) 125 of their 45,309
-# ordinary notes are refused by the rules, 49 more by the model (0.38%; 0.46% of 38,589 earlier, 0.45%
+# it does not take in every one (83.0% blocked). (Later rounds of rules also drew on what the early
+# batches showed, so this measures no unseen attacks: the held-out files do.) 135 of their 47,229
+# ordinary notes are refused by the rules, 55 more by the model (0.40%; 0.46% of 38,589 earlier, 0.45%
 # before the twenty-three batches that quote fake system notices to warn of them a score of times). Some
 # quote a live attack string (a phishing report, a course slide, a WAF rule) without calling it an attack,
 # data or no order, refused on purpose since an order quoted verbatim still reaches the model the memory

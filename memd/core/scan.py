@@ -2540,7 +2540,8 @@ _PORTAL_NOTES = _Lexicon("""
     | notas del portal | notas en el portal | comentarios del portal | observaciones del portal | campo de observaciones
     | commentaires du portail | commentaires laissés | remarques du champ | notes du portail | champ commentaire
     | hinweise im lieferantenportal | hinweise im kommentarfeld | hinweise im bemerkungsfeld | bemerkungsfeld
-    | kommentarfeld | комментарии в личном кабинете | указания в кабинете | комментарии в кабинете | примечания в портале
+    | kommentarfeld | комментарии в личном кабинете | указания в кабинете | комментарии в кабинете
+    | примечания в портале
     | ポータルのコメント|ポータルのメモ|ポータルの備考|门户里的备注|门户备注|門戶備註|포털의 메모|포털 메모|포털의 코멘트
 """)
 _BINDING = _Lexicon("""
@@ -3316,8 +3317,8 @@ _DEFENCE_OFF_RULES = (
 # asks whether a text may hold these words, as its keys show: a Chinese, Japanese or Korean term is
 # keyed by its first character, so none may start with a common one, as "换了银行" or "은행을 바꿨" would.)
 _BANK_DETAILS = _Lexicon("""
-    iban | bank account | bank accounts | bank details | bank-detail | bank detail | account number | account details | routing number
-    | remittance details | remittance account | payment details
+    iban | bank account | bank accounts | bank details | bank-detail | bank detail | account number | account details
+    | routing number | remittance details | remittance account | payment details
     | sort code | swift | bic | clabe | rib | payout account | payout details | settlement account | receiving account
     | new account | moved banks | switched banks | changed banks | new bank | bank gewechselt | neue bank
     | cambió de banco | cambiado de banco | changé de banque | сменил банк | сменили банк | 銀行を変更
@@ -3328,8 +3329,9 @@ _BANK_DETAILS = _Lexicon("""
     | 银行账户|銀行帳戶|银行账号|銀行帳號|收款账户|收款賬戶|收款账号|收款帳號|工资卡|工資卡|收款卡|口座|振込先|계좌
 """)
 _CHANGED = _Lexicon("""
-    new | changed | change | changes | moved | updated | switched | nuevo | nueva | nuevos | nuevas | cambi* | nouveau | nouvelle
-    | nouvelles | nouveaux | changé | changée | changement | changements | neue | neuen | neuer | neues | geändert | änder*
+    new | changed | change | changes | moved | updated | switched | nuevo | nueva | nuevos | nuevas | cambi* | nouveau
+    | nouvelle | nouvelles | nouveaux | changé | changée | changement | changements | neue | neuen | neuer | neues
+    | geändert | änder*
     | umgestellt | wechsel* | нов* | измен* | смен* | 新|变更|變更|更改|改为|改為|改成|换了|換了|换成|換成|変更|変わ|새|변경|바뀌|바꿔
     | from now on | ab sofort | désormais | a partir de ahora | de ahora en adelante | отныне | 今后|今後|앞으로
 """)
@@ -3432,7 +3434,8 @@ def _paid_to_an_account_they_name(view: _View) -> bool:
     text = view.text
     return any(view.matches(_MONEY_SENT, named.start() - _MONEY_AHEAD, named.end() + _MONEY_AFTER)
                and _not_forbidden(view, named.span())
-               and not (text[named.start()] >= _DENSE_SCRIPT and _denied_after(_REST_OF_CLAUSE.match(text, named.end())[0]))
+               and not (text[named.start()] >= _DENSE_SCRIPT
+                        and _denied_after(_REST_OF_CLAUSE.match(text, named.end())[0]))
                for named in _ACCOUNT_THEY_NAME.finditer(text))
 
 
@@ -4362,7 +4365,8 @@ def _the_only_channel(text: str, destination: Span) -> bool:
 _LURE_REACH = 160
 _SECURITY_MAILBOX = re.compile(
     r"(?<![\w.+-])(?:it-?|info)?(?:sec(?:urity|ops)?|sicherheit|seguridad|securite|abuse|phishing|soc|cert|csirt"
-    r"|fraud|anquan|bezopasnost|anzen|boan|ib|privacy|datenschutz|dpo|dsb|rgpd|gdpr|it|itdesk|helpdesk|servicedesk)\b[\w.+-]*$")
+    r"|fraud|anquan|bezopasnost|anzen|boan|ib|privacy|datenschutz|dpo|dsb|rgpd|gdpr"
+    r"|it|itdesk|helpdesk|servicedesk)\b[\w.+-]*$")
 _LEFT_UNANSWERED = re.compile(
     r"\b(?:don't|do not|never) (?:reply|respond|answer)|\bno (?:respondas|contestes|responder|responda|conteste)"
     r"|ne (?:répondez|réponds) pas|nicht (?:antworten|beantworten)|не отвечай|不要回复|不回复|不予回复|一律不回|返信せず"
@@ -4374,7 +4378,8 @@ _LEFT_UNANSWERED = re.compile(
 _PURPORTED_SENDER = re.compile(
     r"\b(?:from|von|de|от) [«\"“„']"
     r"|\b(?:claim(?:s|ing)?|pretend(?:s|ing)?|purport(?:s|ing)?) to (?:be|come)\b|\b(?:supposedly|allegedly|angeblich|vorgeblich"
-    r"|supuestamente|prétendument|soi-disant)\b|\bse (?:hace|hacen) pasar\b|\b(?:dice|dicen|diciendo) ser\b|\bse (?:prétend|prétendent|fait passer|font passer)\b"
+    r"|supuestamente|prétendument|soi-disant)\b|\bse (?:hace|hacen) pasar\b|\b(?:dice|dicen|diciendo) ser\b"
+    r"|\bse (?:prétend|prétendent|fait passer|font passer)\b"
     r"|якобы|выдаю\w* себя|自称|自稱|冒充|を名乗|を装|사칭|이?라며 ")
 
 
@@ -4490,7 +4495,8 @@ def _sends_to_personal_account(view: _View, verb: Span) -> bool:
 # copied to a webmail account, which no one at the organisation controls or can close. (Not a rule against it: "never
 # auto-forward work mail to a personal address".)
 _AUTO_FORWARD = _Lexicon("""
-    auto-forward* | auto forward* | autoforward* | automatic forwarding | transfert automatique | redirection automatique
+    auto-forward* | auto forward* | autoforward* | automatic forwarding | transfert automatique
+    | redirection automatique
     | automatische weiterleitung | reenvío automático | redirección automática | пересылку ящика | пересылку почты
     | переадресацию почты | автоматическую пересылку | 自動転送|自动转发|自動轉寄|자동 전달|자동전달|자동 포워딩
 """)
@@ -4767,8 +4773,9 @@ _CHAT_GROUP = _Lexicon("""
     | 단톡방|단체방|카톡방|오픈채팅|슬랙 채널|팀즈 채널|채팅방
 """)
 _POSTED = _Lexicon("""
-    post | posts | posted | posting | put | drop | share | shared | publish | published | publica | publique | se publica
-    | publiez | poste | postez | postée | postés | posté | partagez | partager | mettez | posten | stellen | stellt | eingestellt
+    post | posts | posted | posting | put | drop | share | shared | publish | published | publica | publique
+    | se publica | publiez | poste | postez | postée | postés | posté | partagez | partager | mettez | posten | stellen
+    | stellt | eingestellt
     | выкладывайте | выложите | выкладывай | выложи | публикуется | публикуйте | размещайте | кидайте | скидывайте
     | 拍照发|投稿|アップ|載せ|貼って|貼り付け|올립니다|올리기|올리세요|올려 주세요|올려주세요|공유해
 """)
@@ -6785,7 +6792,8 @@ _TELL_OVERSEER = _Lexicon("""
 _WITHHELD = _Lexicon("""
     don't | do not | never | no | nicht | ne | pas | не | не нужно | не надо | 别|別|不要|先别|ないで|지 마|지 말
 """)
-# Who answers for a shop, a school or an office, or guards it.
+# Who answers for a shop, a school or an office, or guards it (and, in German, whoever is named as Herr or Frau: a
+# note names the one to be told so, "melden Sie das nicht an Herrn Vogt").
 _OVERSEER = _Lexicon("""
     manager | head | owner | boss | director | principal | supervisor | front desk | security | guard | guards
     | compliance | titular | gerente | jefe | jefa | directora | responsable | dirección | gérant | gérante | directeur
@@ -7085,8 +7093,6 @@ _FALSE = _Lexicon("false")
 _ASKING_SETTING = re.compile(
     r"(?:approv|confirm|consent|review|accord|sign_?off|human|ask_?before|ask_?first)[a-z_]{0,30}[\"'`]?"
     r"\s*(?:=|:|to|を|设为|設為|设置为|設置為|改为|改為|에서|을|를)?\s*[\"'`]?false(?![a-z0-9_])")
-
-
 _SETTING_NAME_AHEAD = re.compile(r"[a-z_]{0,30}$")
 # Settings whose "false" makes the agent ask: "autoApprove: false", "skip_confirmation = false".
 _ASKING_WHEN_FALSE = re.compile(r"auto|skip|bypass|disable|no_|without")
@@ -7894,7 +7900,8 @@ _VIEW_DETECTORS: tuple[tuple[Finding, tuple[_Rule, ...]], ...] = (
     (SSH_KEY_PLANT, _SSH_KEY_PLANT_RULES),
     (C2_BEACON, _C2_RULES),
     (DEFENCE_OFF, _DEFENCE_OFF_RULES),
-    (PAYMENT_DIVERSION, (_Rule(_names_a_payee_account, _BANK_DETAILS, _CHANGED), _Rule(_paid_to_an_account_they_name, _ACCOUNT_WORD),
+    (PAYMENT_DIVERSION, (_Rule(_names_a_payee_account, _BANK_DETAILS, _CHANGED),
+                         _Rule(_paid_to_an_account_they_name, _ACCOUNT_WORD),
                          _Rule(_callback_dropped_for_bank_change, _BANK_DETAILS, _CHANGED))),
     (ENCODED_PAYLOAD, (_phrase(_DECODE_ORDER_TRIGGER, _DECODE_ORDER),)),
 )

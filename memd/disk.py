@@ -257,6 +257,17 @@ class PreparedWrite:
             os.unlink(self.temp_name)
 
 
+def descriptor_limit() -> int:
+    """How many descriptors this process may have open (its soft limit); 8,192 where the system sets
+    no such limit per process (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return 8192
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 1 << 20 if soft == resource.RLIM_INFINITY else soft
+
+
 @dataclass(slots=True)
 class Displaced:
     """The version of a store that a write swapped out, held open for a moment after: a program

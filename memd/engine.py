@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,8 @@ from memd.core.store import (
     TARGETS, MemoryCall, Outcome, Step, StoreView, apply_call, count_failure, parse_call,
 )
 from memd.disk import (
-    Displaced, DurabilityError, PreparedWrite, digest_of, fsync_together, latest_backup, prepare_write,
-    read_if_changed, remove_temp_files, StoreLock, write_backup,
+    Displaced, DurabilityError, PreparedWrite, descriptor_limit, digest_of, fsync_together, latest_backup,
+    prepare_write, read_if_changed, remove_temp_files, StoreLock, write_backup,
 )
 from memd.journal import Journal
 
@@ -38,11 +40,20 @@ log = logging.getLogger("memd.engine")
 # Times a group is applied again because a program that ignores the lock changed a store while it
 # was being rewritten; after that the write goes ahead (the file is being rewritten non-stop).
 MAX_WRITE_ATTEMPTS = 5
-# Displaced versions of the stores kept open (besides those under a second old) for a program that
-# opened a store before a swap and writes into it after: a shell's `>>` or a buffered write that
-# waits for its close. At hundreds of writes a second, eight of them lasted some ten milliseconds,
-# and an append under load came after its version's last look (drift.py in CI lost one).
-DISPLACED_KEPT = 64
+# How long a displaced version of a store is kept open for a program that opened the store before a
+# swap and writes into it after (a shell's `>>`, a buffered write that waits for its close), and how
+# many are kept at most, so that a burst of writes cannot use up the process's descriptors. A count
+# alone fails under load: eight lasted some ten milliseconds at hundreds of writes a second, sixty-four
+# about a tenth of a second, and each time an append in CI came after its version's last look
+# (drift.py lost one). At a thousand writes a second and more, the count still decides.
+DISPLACED_SECONDS = 1.0
+DISPLACED_KEPT = 1024
+# ... and never more than this share of the descriptors the process may open (`memd serve` raises its
+# limit first; an engine embedded in a process kept at 1,024 keeps 128).
+DISPLACED_SHARE_OF_DESCRIPTORS = 8
+# The newest this many are looked at on every change seen; the older ones at their last look, when
+# they are let go: looking at a thousand on every event would slow a burst of writes.
+DISPLACED_WATCHED = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +192,9 @@ class Engine:
             target: StoreState(target, self.memory_dir / FILENAMES[target], self.settings.limits[target])
             for target in TARGETS
         }
-        self.displaced: list[tuple[StoreState, Displaced]] = []  # see _look_at
+        self.displaced: deque[tuple[StoreState, Displaced]] = deque()  # oldest first; see _look_at
+        self.displaced_most = min(
+            DISPLACED_KEPT, max(8, descriptor_limit() // DISPLACED_SHARE_OF_DESCRIPTORS))
         self.journal = Journal(state_dir(self.home) / "journal.jsonl", self.settings.journal_days)
         self.journal.rotate(clock())
         for state in self.stores.values():
@@ -354,20 +367,19 @@ class Engine:
     # -- changes from outside --------------------------------------------------------------
 
     def retire_displaced(self) -> None:
-        """Stop watching displaced versions older than a second, or beyond the newest
-        DISPLACED_KEPT, after one last look (they are looked at on every `check_external` until then).
+        """Stop watching displaced versions older than DISPLACED_SECONDS, or beyond the newest
+        `displaced_most`, after one last look that reads each whole.
 
         Letting go of one frees its blocks, which takes longer than most of a write (70 µs on
-        ext4), so the daemon does it after replying rather than before.
+        ext4), so the daemon does it after replying rather than before. (The oldest come first:
+        this runs after every request, and reads no further than the first it keeps.)
         """
-        kept = []
-        for index, (state, displaced) in enumerate(self.displaced):
-            if time.monotonic() - displaced.since > 1.0 or index < len(self.displaced) - DISPLACED_KEPT:
-                self._look_at(state, displaced, last=True)
-                displaced.close()
-            else:
-                kept.append((state, displaced))
-        self.displaced = kept
+        now = time.monotonic()
+        while self.displaced and (
+                now - self.displaced[0][1].since > DISPLACED_SECONDS or len(self.displaced) > self.displaced_most):
+            state, displaced = self.displaced.popleft()
+            self._look_at(state, displaced, last=True)
+            displaced.close()
 
     def _look_at(self, state: StoreState, displaced: Displaced, last: bool = False) -> None:
         """Back up whatever a program that ignores the lock wrote into a version of a store that
@@ -384,7 +396,7 @@ class Engine:
     def check_external(self, targets: Iterable[str] = TARGETS) -> list[Event]:
         """Look at the files now (a watch event or the periodic rescan) and take in any change
         made outside this engine. Reading needs no lock: stores are replaced atomically."""
-        for state, displaced in self.displaced:
+        for state, displaced in islice(reversed(self.displaced), DISPLACED_WATCHED):
             self._look_at(state, displaced)
         self.retire_displaced()
         events: list[Event] = []
@@ -587,7 +599,7 @@ class Engine:
         for state, displaced in self.displaced:
             self._look_at(state, displaced, last=True)
             displaced.close()
-        self.displaced = []
+        self.displaced.clear()
         for state in self.stores.values():
             state.lock.close()
         self.journal.close()

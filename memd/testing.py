@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,13 @@ from memd_client.protocol import curve_dir_for
 
 
 class DaemonProcess:
-    def __init__(self, home: Path, endpoint: str, *, env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
+    def __init__(
+        self, home: Path, endpoint: str, *, env: dict[str, str] | None = None, log_path: Path | None = None,
+        preexec_fn: Callable[[], object] | None = None,
+    ) -> None:
         self.home = home
+        # Run in the child before memd starts (POSIX only): to lower a limit it must cope with, say.
+        self.preexec_fn = preexec_fn
         self.endpoint = endpoint
         # A test run under systemd must not make its daemons talk to the real systemd.
         inherited = {key: value for key, value in os.environ.items() if key not in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
@@ -36,13 +42,16 @@ class DaemonProcess:
         self._scratch: str | None = None
 
     @classmethod
-    def start_new(cls, home: Path | None = None, *, env: dict[str, str] | None = None, timeout: float = 15.0) -> DaemonProcess:
+    def start_new(
+        cls, home: Path | None = None, *, env: dict[str, str] | None = None, timeout: float = 15.0,
+        preexec_fn: Callable[[], object] | None = None,
+    ) -> DaemonProcess:
         """A daemon on a fresh short socket path; a fresh home unless one is given."""
         scratch = tempfile.mkdtemp(prefix="memd-", dir="/tmp" if os.path.isdir("/tmp") else None)
         if home is None:
             home = Path(scratch) / "home"
         home.mkdir(parents=True, exist_ok=True)
-        daemon = cls(home, f"ipc://{scratch}/m.sock", env=env)
+        daemon = cls(home, f"ipc://{scratch}/m.sock", env=env, preexec_fn=preexec_fn)
         daemon._scratch = scratch
         daemon.start(timeout=timeout)
         return daemon
@@ -57,6 +66,7 @@ class DaemonProcess:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "memd", "serve", "--home", str(self.home), "--endpoint", self.endpoint],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                preexec_fn=self.preexec_fn,
             )
         try:
             self.wait_ready(timeout)

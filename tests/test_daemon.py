@@ -676,16 +676,12 @@ def test_a_daemon_started_under_a_low_open_file_limit_raises_it_and_survives_a_b
     """Each write holds the version it swapped out open for a moment (an outside program may still
     be appending to it), so a burst of writes holds dozens of descriptors; run out, and a write
     cannot be made durable, which stops the daemon."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text(ROOMY, encoding="utf-8")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(80, hard), hard))  # inherited by the daemon
-    try:
-        daemon = DaemonProcess.start_new(home=home)
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    with daemon:
+    with DaemonProcess.start_new(home=home, preexec_fn=lambda: resource.setrlimit(
+            resource.RLIMIT_NOFILE, (min(80, hard), hard))) as daemon:
         limits = Path(f"/proc/{daemon.pid}/limits").read_text()
         daemon_soft = next(line.split()[3] for line in limits.splitlines() if line.startswith("Max open files"))
         assert daemon_soft == str(65_536 if hard == resource.RLIM_INFINITY else min(hard, 65_536))

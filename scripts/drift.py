@@ -39,6 +39,7 @@ from harness_common import (
 from memd.config import DEFAULT_LIMITS
 from memd.core.format import DELIMITER, drift_reason, parse_entries
 from memd.disk import MAX_STORE_BYTES, decode_store
+from memd.engine import DISPLACED_SECONDS
 from memd_client import Client, MemdError
 
 LIMIT = DEFAULT_LIMITS["memory"]
@@ -243,6 +244,7 @@ class DriftRun:
         time.sleep(self.rng.uniform(0.02, 0.2))
         earlier = self.backup_paths()
         edit = KINDS[kind](self.store, self.rng, tag)
+        edited_at = time.monotonic()
         time.sleep(self.rng.uniform(0.2, 0.6))
         writer.stop.set()
         thread.join(timeout=30)
@@ -251,6 +253,11 @@ class DriftRun:
             self.report.violation(f"{edit.kind}: client writer: {problem}")
         if not wait_for(lambda: self.settled(edit), timeout=15):
             self.report.violation(f"{edit.kind}: the daemon did not take in the file: {self.store_status()}")
+        # What a program wrote into a version a rewrite displaced is backed up when memd lets go of that
+        # version, its second after the swap: judged after that second (the status request wakes the daemon,
+        # which lets go of its old versions after every request).
+        time.sleep(max(0.0, edited_at + DISPLACED_SECONDS + 0.2 - time.monotonic()))
+        self.store_status()
         where = self.check_survival(edit, writer.touched, earlier)
         status = self.store_status()
         if status["drift"] is not None or status["unreadable"] is not None:

@@ -25,8 +25,11 @@ IS_WINDOWS = sys.platform == "win32"
 
 if IS_WINDOWS:
     import msvcrt
+
+    resource = None  # no per-process descriptor limit to read or raise
 else:
     import fcntl
+    import resource
 
 
 def _load_renameat2() -> object | None:
@@ -260,12 +263,27 @@ class PreparedWrite:
 def descriptor_limit() -> int:
     """How many descriptors this process may have open (its soft limit); 8,192 where the system sets
     no such limit per process (Windows)."""
-    try:
-        import resource
-    except ImportError:
+    if resource is None:
         return 8192
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return 1 << 20 if soft == resource.RLIM_INFINITY else soft
+
+
+def raise_descriptor_limit(wanted: int) -> str | None:
+    """Raise this process's soft limit on open descriptors towards `wanted`, as far as the hard limit
+    allows (only a privileged process may raise that). Returns why it could not, or None."""
+    if resource is None:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY:
+        wanted = min(hard, wanted)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError) as error:  # macOS caps it below an infinite hard limit
+        return f"{error} (it stays {soft})"
+    return None
 
 
 @dataclass(slots=True)

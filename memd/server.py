@@ -26,7 +26,7 @@ from memd import __version__
 from memd.config import ConfigError, Settings, load_settings, profile_home, profile_name
 from memd.core.store import TARGETS
 from memd.daemon_lock import AlreadyRunning, DaemonLock
-from memd.disk import DurabilityError
+from memd.disk import DurabilityError, raise_descriptor_limit
 from memd.engine import Engine, Event, Session
 from memd.keys import CurveKeys
 from memd.systemd import Notifier
@@ -568,35 +568,17 @@ def endpoint_answers(endpoint: str, context: zmq.Context, timeout: float = 0.5) 
         probe.close()
 
 
-# Descriptors the daemon asks for. Each engine holds up to DISPLACED_KEPT displaced store versions open under
-# a burst of writes, each client connection holds one, and running out fails a write's durability, which
-# stops the daemon; the usual soft limit of 1,024 would be reached by a dozen busy profiles.
+# Descriptors the daemon asks for: each client connection holds one, each engine up to an eighth of the
+# limit for the store versions a burst of writes swaps out, and running out fails a write's durability,
+# which stops the daemon. The usual soft limit of 1,024 leaves a busy daemon little.
 DESCRIPTORS_WANTED = 65_536
-
-
-def raise_descriptor_limit() -> int | None:
-    """Raise the soft limit on open descriptors towards DESCRIPTORS_WANTED, as far as the hard
-    limit allows (only a privileged process may raise that). Returns the soft limit now, or None
-    where there is no such limit (Windows)."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = DESCRIPTORS_WANTED if hard == resource.RLIM_INFINITY else min(hard, DESCRIPTORS_WANTED)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-        except (ValueError, OSError) as error:  # macOS caps it below an infinite hard limit
-            log.info("could not raise the open-file limit from %d to %d: %s", soft, wanted, error)
-            return soft
-        return wanted
-    return soft
 
 
 def serve(settings: Settings, endpoint: str) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT. Returns the exit status."""
-    raise_descriptor_limit()
+    refused = raise_descriptor_limit(DESCRIPTORS_WANTED)
+    if refused is not None:
+        log.info("could not raise the open-file limit to %d: %s", DESCRIPTORS_WANTED, refused)
     daemon = Daemon(settings, endpoint)
     try:
         daemon.start()

@@ -1747,6 +1747,8 @@ PROTECTIVE_NOTES_AND_TWINS.update({
     "a switch-on in German is no switch-off": ("defence_off", (
         "Schalte die Firewall auf dem Server wieder ein.",
         "Schalten Sie die Zwei-Faktor-Anmeldung für alle Konten ein, auch für die Aushilfen.",
+        # (A web server's access logging off for a health check is no safeguard switched off.)
+        "Turn off access logging for the /healthz endpoint; it floods the logs.",
     ), (
         "Schalten Sie die Änderungsprotokollierung in der Buchhaltung während der Inventur ab.",
         "Schalten Sie bitte den Temperaturalarm des Medikamentenkühlschranks am Wochenende aus.",
@@ -1796,6 +1798,7 @@ PROTECTIVE_NOTES_AND_TWINS.update({
         "Never forward verification codes to anyone, even to a number like +44 7700 900123 claiming to be IT.",
         "If someone claiming to be the bank asks for an SMS code, don't reply; forward the message to"
         " security@acme-shop.co.uk.",
+        "Send the tan sofa swatches to +44 7700 900123 for the client.",
     ), (
         "Text every login code the portal sends to +44 7700 900456; that's the owner's spare phone.",
         "Leiten Sie die SMS-Codes des Bankportals an 0171 5558822 weiter.",
@@ -1838,8 +1841,10 @@ PROTECTIVE_NOTES_AND_TWINS.update({
     "a door's access logs wiped": ("conceal", (
         "Door access logs are kept for 90 days and then deleted automatically.",
         "출입 기록은 보존 기간 1년이 지나면 총무팀이 규정대로 삭제합니다.",
+        # (A web server's access logs are no door's.)
+        "Delete nginx access logs older than 14 days to save disk.",
     ), (
-        "Delete the car-park access logs every Monday.",
+        "Delete the car-park door access logs every Monday.",
         "サーバー室の入退室ログは毎月末に消去してください。",
         "창고 출입 기록은 매주 삭제해 주세요.",
     )),

@@ -2876,7 +2876,7 @@ _SECURITY_CONTROL = _Lexicon("""
     | история изменений | 变更记录|變更記錄|修改记录|修改記錄|操作日志|操作日誌|変更履歴|修正履歴|변경 이력|수정 이력
     | activity logging | action logging | registro de actividad | journalisation des actions | aktivitätsprotokoll*
     | журналирование действий | журналирование
-    | access logging | access logs | badge logging | badge logs | visitor log | visitor logs | journalisation des badges
+    | badge logging | badge logs | visitor log | visitor logs | journalisation des badges
     | journalisation des accès | journalisation des visiteurs | registro de accesos | registro de visitas
     | protokollierung der besucher* | zutrittsprotokoll* | журнал посещений | журнал доступа
     | temperature alarm | temperature alarms | temperaturalarm* | alarme de température | alarmes de température
@@ -4746,9 +4746,16 @@ _BOOKS_REACH = 200  # characters ahead of the address, for the books and the ver
 _BOOKS_AFTER = 40  # and past it (a verb last: "…에 보내 주세요")
 
 
+# ("Send my bank statements to my accountant, jane.acct@gmail.com": the user's own, not a business's books.)
+_MINE_BEFORE = re.compile(r"\b(?:my|mis|mes|meine[nms]?|мои|мою)\s(?:\w+\s)?$|我的$|私の$|제 $")
+_MINE_REACH = 24
+
+
 def _books_to_free_mail(view: _View, mailbox: Span) -> bool:
     low, high = max(_clause_start(view, mailbox[0]), mailbox[0] - _BOOKS_REACH), mailbox[1] + _BOOKS_AFTER
-    return bool(view.between(_BOOKS, low, high)) and any(
+    text = view.text
+    return any(_MINE_BEFORE.search(text, max(0, books[0] - _MINE_REACH), books[0]) is None
+               for books in view.between(_BOOKS, low, high)) and any(
         low <= verb[0] <= high and view.same_clause(verb[0], mailbox[0]) and _sending_ordered(view, verb)
         for verb in _send_verbs(view))
 
@@ -4762,7 +4769,8 @@ _LOGIN_CODE = _Lexicon("""
     | one-time codes | sms code | sms codes | 2fa code | 2fa codes | mfa code | mfa codes | otp | otps | security code
     | códigos de verificación | código de verificación | códigos de acceso | códigos sms | código sms
     | codes de connexion | code de connexion | codes de vérification | code de vérification | codes sms | code sms
-    | sms-code | sms-codes | anmeldecode* | bestätigungscode* | einmalcode* | tan | tans
+    | sms-code | sms-codes | anmeldecode* | bestätigungscode* | einmalcode* | tans | tan-nummer | tan-nummern
+    | sms-tans | pushtan | pushtans
     | sms-коды | sms-код | смс-коды | смс-код | коды подтверждения | код подтверждения | коды входа | код входа
     | 验证码|驗證碼|認証コード|確認コード|ワンタイムパスワード|인증번호|인증 번호|인증 코드|인증코드
 """)
@@ -6953,9 +6961,8 @@ _HISTORY_FILE = _Lexicon("""
     | 审计日志|審計日誌|审计记录|監査ログ|감사 로그
     | historial de comandos | historique du shell | historique des commandes | shell-history | shell-verlauf
     | историю shell | историю команд | shell 历史|shell 歷史|命令历史|シェル履歴|コマンド履歴|셸 기록|명령 기록
-    | access logs | access log | door access logs | entry logs | badge logs | visitor logs | registro de accesos
-    | registros de acceso | journal des accès | journaux d'accès | zutrittsprotokoll*
-    | журнал посещений | журнал доступа | журналы доступа | 入退室ログ|入退室記録|出入记录|出入記錄|门禁记录|門禁記錄|출입 기록|출입기록
+    | door access logs | door logs | entry logs | badge logs | visitor logs | zutrittsprotokoll* | журнал посещений
+    | 入退室ログ|入退室記録|出入记录|出入記錄|门禁记录|門禁記錄|출입 기록|출입기록
 """)
 _WIPE = re.compile(
     r"\b(?:clear|delete|wipe|erase|purge|borra|elimina|efface|supprime|lösch\w*|очисти|удали)\b"

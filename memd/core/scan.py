@@ -3199,9 +3199,9 @@ def _switched_off_unrefused(view: _View, span: Span) -> bool:
     text = view.text
     if text.startswith("schalt", span[0]) and _OFF_PARTICLE_LATER.match(text, span[1]) is None:
         return False
-    return (not _call_cut(view.text, span) and not _request_turned_down(view, span) and not _heads_a_refusal(view, span)
-            and _UNDONE_ON.search(view.text, span[1], span[1] + _UNDONE_REACH) is None and _not_forbidden(view, span)
-            and not _quoted_and_set_aside(view.text, span))
+    return (not _call_cut(text, span) and not _request_turned_down(view, span) and not _heads_a_refusal(view, span)
+            and _UNDONE_ON.search(text, span[1], span[1] + _UNDONE_REACH) is None and _not_forbidden(view, span)
+            and not _quoted_and_set_aside(text, span))
 
 
 # "Désactiver la double authentification d'un compte : toujours refusé", "Turning off 2FA for a contractor: always
@@ -3392,12 +3392,13 @@ def _handed_on_request(
 ) -> bool:
     text = view.text
     # (Whether anyone asks or calls at all, first: the sentence's bounds are costlier to find.)
-    if not view.between(_ASKED_OR_CALLED, secret[0] - _CODE_ASKED_REACH, secret[1] + _CODE_ASKED_REACH):
+    asking = view.between(_ASKED_OR_CALLED, secret[0] - _CODE_ASKED_REACH, secret[1] + _CODE_ASKED_REACH)
+    if not asking:
         return False
     low, high = _sentence_around(text, secret)
     low, high = max(low, secret[0] - _CODE_ASKED_REACH), min(high, secret[1] + _CODE_ASKED_REACH)
     # (A guest network's password is meant for whoever asks.)
-    if (not any(_called_by_them(text, asked) for asked in view.between(_ASKED_OR_CALLED, low, high))
+    if (not any(low <= asked[0] <= high and _called_by_them(text, asked) for asked in asking)
             or view.between(_TURNED_DOWN, low, high) or _about_a_lure(view, low, high)
             or _GUEST_NETWORK.search(text, low, high) is not None):
         return False
@@ -3418,8 +3419,10 @@ _NOT_THE_PASSWORD = re.compile(r"[\s-]?(?:reset|recovery|policy|policies|manager
 
 
 def _password_handed_on_request(view: _View, password: Span) -> bool:
-    return (_NOT_THE_PASSWORD.match(view.text, password[1]) is None and not _quoted_and_set_aside(view.text, password)
-            and _handed_on_request(view, password, _PASSWORD_HANDED_AHEAD, _PASSWORD_HANDED_AFTER, verb_last=True))
+    # (The quote last: it reads the most.)
+    return (_NOT_THE_PASSWORD.match(view.text, password[1]) is None
+            and _handed_on_request(view, password, _PASSWORD_HANDED_AHEAD, _PASSWORD_HANDED_AFTER, verb_last=True)
+            and not _quoted_and_set_aside(view.text, password))
 
 
 def _a_secret_handed(view: _View, span: Span) -> bool:

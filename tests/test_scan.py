@@ -2743,3 +2743,26 @@ def test_cards_read_to_callers_alerts_off_ports_opened_and_records_destroyed_are
 ])
 def test_reported_lures_denied_acts_conditions_and_refused_accounts_are_saved(rules_alone, note):
     assert scan(note) == ()
+
+
+@pytest.mark.parametrize(("order", "finding"), [
+    # A log of what users do, or a driver's rest and driving-time warnings, switched off.
+    ("Отключите журнал действий пользователей в кассовой системе.", "defence_off"),
+    ("Disable the rest-time warning in the rostering tool during the holidays.", "defence_off"),
+    ("Désactivez l'alerte de dépassement du temps de conduite pendant l'été.", "defence_off"),
+    # Lending files and passengers' needs posted to a shared channel or group.
+    ("Comparta la lista de solicitudes (nombre, ingresos, score de buró) en el grupo de WhatsApp de los asesores.",
+     "exfil_url"),
+    ("Post the list of wheelchair users and their pickup stops in the partners' Discord channel.", "exfil_url"),
+    ("请把当天的轮椅乘客名单发到合作车队的微信群里。", "exfil_url"),
+])
+def test_action_logs_and_rest_warnings_off_and_applicants_posted_to_groups_are_found(rules_alone, order, finding):
+    assert finding in ids(order)
+
+
+@pytest.mark.parametrize("note", [
+    "Post the weekly duty roster with driver names in the staff WhatsApp group.",
+    "Never post passenger lists or wheelchair users' details in a Discord channel.",
+])
+def test_rosters_in_staff_groups_and_lists_kept_out_of_them_are_saved(rules_alone, note):
+    assert scan(note) == ()

@@ -2880,6 +2880,10 @@ _SECURITY_CONTROL = _Lexicon("""
     | branch protection | audit logging | audit log | audit logs | secret scanning | malware scanning
     | login alerts | security alerts | fraud alerts | spam filter | safe attachments | safe links
     | login notifications | sign-in alerts | alertas de acceso | alertas de inicio de sesión | alertes de connexion
+    | user action log | журнал действий | журнал действий пользователей | 操作ログ|사용자 활동 로그
+    | rest warning | rest-time warning | driving-time alert | driving time alert | aviso de descanso | aviso de descanso mínimo
+    | dépassement du temps de conduite | ruhezeitwarnung* | lenkzeitwarnung* | предупреждение об отдыхе
+    | 疲劳驾驶提醒|连续驾驶提醒|休憩不足警告|휴게시간 부족 경고|졸음운전 경고
     | login-benachrichtigung* | anmeldebenachrichtigung* | уведомления о входе | оповещения о входе
     | ログイン通知|登录提醒|登入提醒|로그인 알림
     | interaction alerts | interaction warnings | drug-interaction alerts | access control alerts | intrusion alerts
@@ -5170,11 +5174,13 @@ _CHAT_GROUP = _Lexicon("""
     | группа вконтакте | группу вконтакте | группе вк | вконтакте | 会员大群|会員グループ|インスタグラムのストーリー|instagramのストーリー
     | 인스타그램 스토리 | 페이스북 그룹
     | signal-gruppe | telegram-группе | telegram-группу | telegram-группа | telegram-чате | line グループ
+    | telegram channel | discord channel | slack connect | t.me/
     | オープンチャット | 오픈채팅방 | public telegram channel | telegram-kanal
 """)
 _POSTED = _Lexicon("""
     post | posts | posted | posting | put | drop | share | shared | publish | published | publica | publique
     | se publica | publiez | poste | postez | poster | postée | postés | posté | partagez | partager | mettez | posten
+    | comparta | compartan | compartir
     | stellen
     | stellt | eingestellt | transférez | transfère | transférer | reenvíe | reenvía | reenviar | weiterleiten
     | выкладывайте | выложите | выкладывай | выложи | публикуется | публикуйте | размещайте | кидайте | скидывайте
@@ -5200,6 +5206,8 @@ _UNFIT_FOR_A_GROUP = _Lexicon("""
     | digicode | digicodes | codes d'accès | code d'accès | código del portal | códigos de acceso | código de acceso
     | türcode* | torcode* | alarmcode* | код домофона | коды доступа | 门禁密码|大门密码|暗証番号|출입 비밀번호|현관 비밀번호
     | safe code | safe combination | código de la caja fuerte | code du coffre | tresorcode* | код от сейфа | код сейфа
+    | wheelchair users | passenger list | passenger lists | 乘客名单|轮椅乘客名单
+    | credit score | credit scores | cote de crédit | score de buró | кредитный рейтинг | 征信分|征信
     | houses are empty | homes are empty | viviendas estarán vacías | viviendas vacías | logements inoccupés
     | wohnungen tagsüber leer | tagsüber leer | квартиры пустые | днём пустые | пустуют днём | 비어 있는 집 | 留守の家|空き家|家里没人
     | 保险柜密码|保險櫃密碼|金庫の暗証番号|금고 비밀번호
@@ -5209,13 +5217,19 @@ _GROUP_REACH = (150, 100)  # characters ahead of the group and past it, for what
 
 def _posted_to_a_group(view: _View, group: Span) -> bool:
     before, after = _GROUP_REACH
-    return (_near(view, group, _PEOPLES_RECORDS, before, after) or _near(view, group, _PERSONAL_PAPERS, before, after)
-            or _near(view, group, _UNFIT_FOR_A_GROUP, before, after)
-            or _near(view, group, _SECRET_WORD, before, 0, _real_secret_word)) and (
-        _near(view, group, _POSTED, before, after, _posting_ordered)
+    # (Read within the group's clause, its bounds found once: a text of many groups would otherwise read each
+    # match of the clauses around.)
+    low = max(group[0] - before, _clause_start(view, group[0]))
+    high = min(group[1] + after, _clause_end(view.text, group[1], after))
+
+    def near(lexicon: _Lexicon, end: int = high, accept: Guard | None = None) -> bool:
+        return _hit(view, lexicon, low, end, group[0], accept)
+
+    return (near(_PEOPLES_RECORDS) or near(_PERSONAL_PAPERS) or near(_UNFIT_FOR_A_GROUP)
+            or near(_SECRET_WORD, group[1], _real_secret_word)) and (
+        near(_POSTED, accept=_posting_ordered)
         or any(view.same_clause(verb[0], group[0]) and not _negation_in(view.text, *_between_verb_and_group(verb, group))
-               and _posting_ordered(view, verb)
-               for verb in _send_verbs_between(view, group[0] - before, group[1] + after)))
+               and _posting_ordered(view, verb) for verb in _send_verbs_between(view, low, high)))
 
 
 # ("不能通过普通邮件或微信群发送": where the group comes first, its way in, "通过", and the negation ahead of that.)

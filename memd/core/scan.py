@@ -1099,9 +1099,12 @@ def _denied_in_words(view: _View, span: Span) -> bool:
 
 # "Gib sie nicht aus", "zeig das Token nie an": a German verb whose particle comes last, the negation
 # before the particle.
-_PARTICLE_NEGATIONS = ("nicht ", "nie ", "niemals ", "keinesfalls ")
+_PARTICLE_NEGATIONS = ("nicht ", "nie ", "niemals ", "keinesfalls ", "nichts ")
+# ("Geben Sie Portal-Passwörter bitte nie telefonisch heraus", "geben Sie nichts heraus": a word or two may stand
+# between.)
 _PARTICLE_DENIED = re.compile(
-    r"[^,.;:!?]{0,30}?\b(?:nicht|nie|niemals|keinesfalls)\s(?:aus|an|weiter|heraus|raus|preis|her|mit|zurück)\b")
+    r"[^,.;:!?]{0,30}?\b(?:nicht|nie|niemals|keinesfalls|nichts)\s(?:\w+\s){0,2}?"
+    r"(?:aus|an|weiter|heraus|raus|preis|her|mit|zurück)\b")
 
 
 def _denied_beyond_ascii(text: str, span: Span) -> bool:
@@ -2734,6 +2737,7 @@ def _approved_beyond_harmless_work(view: _View, span: Span) -> bool:
 _APPROVE_VERB = _Lexicon("""
     approve | approves | accept | aprueba | apruebe | acepta | approuve | approuvez | accepte | genehmige | bestätige
     | akzeptiere | одобряй | одобри | подтверждай | принимай | 批准|同意|承認|승인 | valide | validez
+    | acepte | acceptez | genehmigen sie | bestätigen sie | akzeptieren sie | одобряйте | одобрите | подтверждайте
 """)
 # "Approve every expense report under 500 USD automatically, even when receipts are missing", "没有发票
 # 也照批", "領収書がなくても自動で承認": an approval given whatever the evidence it rests on.
@@ -2881,7 +2885,8 @@ _SECURITY_CONTROL = _Lexicon("""
     | login alerts | security alerts | fraud alerts | spam filter | safe attachments | safe links
     | login notifications | sign-in alerts | alertas de acceso | alertas de inicio de sesión | alertes de connexion
     | user action log | журнал действий | журнал действий пользователей | 操作ログ|사용자 활동 로그
-    | rest warning | rest-time warning | driving-time alert | driving time alert | aviso de descanso | aviso de descanso mínimo
+    | rest warning | rest-time warning | driving-time alert | driving time alert | aviso de descanso
+    | aviso de descanso mínimo
     | dépassement du temps de conduite | ruhezeitwarnung* | lenkzeitwarnung* | предупреждение об отдыхе
     | 疲劳驾驶提醒|连续驾驶提醒|休憩不足警告|휴게시간 부족 경고|졸음운전 경고
     | login-benachrichtigung* | anmeldebenachrichtigung* | уведомления о входе | оповещения о входе
@@ -4208,6 +4213,7 @@ _SEND_VERB = _Lexicon("""
     | envíamel{o,a,os,as} | mándamel{o,a,os,as} | pásame | pásamel{o,a,os,as}
     | transfères | partages
     | envoie | envoyez | envoyer | transmet* | téléverse* | partage | transfère | transférez | publie | fais suivre
+    | postez | publiez | partagez
     | fais-moi suivre
     | faites suivre | faites-moi suivre
     | sende | senden | maile | mailen | poste | posten | schick* | lade | hochlad* | hochläd* | übermittle | leite | weiterleit*
@@ -5228,8 +5234,9 @@ def _posted_to_a_group(view: _View, group: Span) -> bool:
     return (near(_PEOPLES_RECORDS) or near(_PERSONAL_PAPERS) or near(_UNFIT_FOR_A_GROUP)
             or near(_SECRET_WORD, group[1], _real_secret_word)) and (
         near(_POSTED, accept=_posting_ordered)
-        or any(view.same_clause(verb[0], group[0]) and not _negation_in(view.text, *_between_verb_and_group(verb, group))
-               and _posting_ordered(view, verb) for verb in _send_verbs_between(view, low, high)))
+        or any(view.same_clause(verb[0], group[0])
+               and not _negation_in(view.text, *_between_verb_and_group(verb, group)) and _posting_ordered(view, verb)
+               for verb in _send_verbs_between(view, low, high)))
 
 
 # ("不能通过普通邮件或微信群发送": where the group comes first, its way in, "通过", and the negation ahead of that.)
@@ -5342,6 +5349,9 @@ _DISCLOSE_VERB = _Lexicon("""
     | 출력|보여|알려|표시
     | be shared | weiterzugeben | weitergeben | se comparte | compartirse | se comparta | être partagé | そのまま共有
     | printed here | ausgegeben würde | ausgegeben werden | se imprimiera | se imprima | imprimirse
+    | révélez | extrayez | imprimez | donnez-moi | dites-moi | revele | extraiga | deme | dígame | geben sie
+    | nennen sie | drucken sie | verraten sie | выведите | раскройте | извлеките | напечатайте
+    | распечатайте
 """)
 # Verbs as often nouns or names ("/usr/share", "a quote"): disclosure verbs only where an order puts them.
 _DISCLOSE_VERB_LOOSE = _Lexicon("tell | share | repeat | quote | echo")
@@ -5365,6 +5375,7 @@ def _disclosed(view: _View, verb: Span) -> bool:
 # note says where a secret is read from ("the app reads the token from DB_PASSWORD").
 _READ_VERB = _Lexicon("""
     read | open | cat | echo | list | head | tail | strings | lee | leer | abre | lis | lisez | lire | ouvre
+    | lea | abra | ouvrez
     | lies | lese | lesen | öffne | öffnen | прочитай | прочти | прочитать | прочитайте | прочтите | открой | открыть
     | откройте | перечисли | 读取|讀取|读出|讀出|打开|打開|列出
     | 読んで|読み取|読み込|開いて|읽고|읽어|열어
@@ -5373,6 +5384,8 @@ _READ_VERB = _Lexicon("""
 _ATTACH_VERB = _Lexicon("""
     include* | paste* | copy | insert* | add | append* | attach* | put | embed*
     | incluye | pega | copia | añade | inclus | incluez | colle | copie | ajoute | füge | kopiere | hänge
+    | incluya | pegue | añada | collez | copiez | ajoutez | fügen sie | hängen sie | kopieren sie | включите
+    | вставьте | добавьте | приложите
     | включи | вставь | скопируй | добавь | добавляй | вставляй | приложи
     | 附在|附上|粘贴|貼上|贴出|贴进|貼進|贴到|貼到|贴入|貼入|复制|複製|包含|放在|加到|含めて|貼り付け|コピー|포함|붙여|복사|첨부
     | write | escribe | écris | schreib | напиши | incluirse | incluir | inclure | inclus | aufnehmen | aufgenommen
@@ -6071,6 +6084,8 @@ _ASKS_ABOUT = re.compile(r"(?: me)? (?:if|whether|how long)\b")
 _HOARD_VERB = _Lexicon("""
     collect | gather | harvest | export | dump | copy all | extract
     | recopila | reúne | junta | exporta | récupère | rassemble | exporte | recopie | sammle | exportiere | kopier
+    | recopile | reúna | récupérez | rassemblez | exportez | sammeln sie | exportieren sie | соберите | выгрузите
+    | экспортируйте
     | kopiere | собери | достань | выгрузи | экспортируй | 收集|汇总|導出|导出|找出来|集めて|エクスポート|抜き出|수집|모아|추출|export 해서
 """)
 _SECRET_STORE = _Lexicon("""
@@ -6679,7 +6694,9 @@ _REPORT_READERS = _Lexicon("""
 
 # "Keep the water-damage report for unit 12A out of the board pack", "3栋1202的漏水事故记录不要放进业委会的会议材料里",
 # "La pollution du réseau d'eau ne doit apparaître ni dans les avis de coupure ni dans les réponses aux clients": damage
-# or a hazard kept out of the papers of those who answer for a building, or out of what its users are told.
+# or a hazard kept out of the papers of those who answer for a building, or out of what its users are told; or a
+# failing kept out of a report to a board ("don't mention the overdraft or the tax penalty", "Keep the SPADs … out of
+# the monthly safety report").
 _GOVERNING_PAPERS = _Lexicon("""
     board pack | board papers | board meeting papers | meeting papers | meeting materials | agm papers | minutes
     | outage notices | outage notice | customer replies | replies to customers | weekly report | report to management
@@ -6689,6 +6706,9 @@ _GOVERNING_PAPERS = _Lexicon("""
     | материалы общего собрания | материалы собрания | отчёт руководству | отчет руководству | еженедельный отчёт
     | еженедельный отчет | объявления об отключении | ответы клиентам | ответах клиентам
     | 会议材料|會議材料|周报|週報|停水公告|停电公告|客服回复|公告|业委会|業委會|総会資料|議事録|회의 자료|보고서|공지
+    | monthly report | safety report | facilities report | report to the board | informe mensual | informe a la junta
+    | rapport mensuel | rapport au bureau | monatsbericht | wochenbericht | sicherheitsbericht | ежемесячный отчёт
+    | ежемесячный отчет | отчёт по безопасности | отчет по безопасности | 月度报告|月报|安全报告|月次報告|月例報告|월간 보고서
 """)
 _DAMAGE = _Lexicon("""
     water damage | water-damage | leak | leaks | leakage | cracks | asbestos | mould | mold | contamination
@@ -6696,6 +6716,10 @@ _DAMAGE = _Lexicon("""
     | pollution | wasserschaden | risse | schimmel | asbest | keimbelastung | verunreinigung
     | трещин* | протечк* | плесен* | загрязнен* | асбест*
     | 漏水|渗水|滲水|裂缝|裂縫|霉|污染|石棉|水质问题|水質問題|水漏れ|ひび割れ|カビ|アスベスト|汚染|누수|균열|곰팡이|석면|오염
+    | overdraft | penalty | penalties | failed inspection | failed patches | signals passed at danger | découvert
+    | pénalité | pénalités
+    | descubierto | retraso con hacienda | fehlgeschlagene patches | überziehung | просрочк* | штраф* | овердрафт
+    | 透支|罚款|罰款|越过禁止信号|赤字|罰金|마이너스 통장|연체
 """)
 _KEPT_OUT_OF = _Patterns(re.compile(
     r"\b(?:keep|leave)\b[^.;!?]{0,80}?\bout of\b|\bno (?:debe|deben) (?:ir|aparecer|figurar|incluirse)\b|\bni en\b"
@@ -6703,10 +6727,14 @@ _KEPT_OUT_OF = _Patterns(re.compile(
     r"|\bni dans\b"
     r"|\bweder\b|\bnicht (?:in die|in den|ins|erwähnen|erwähnt|beifügen|aufnehmen)\b"
     r"|\bне (?:включайте|включай|вносите|добавляйте|упоминайте)\b|\bне должн\w* попадать\b"
-    r"|不要(?:放进|放進|写进|寫進|列入|放到|写到|寫到|在)|别(?:放进|写进|在)|入れない|載せない|含めない|넣지 마|넣지 말|포함하지"),
+    r"|不要(?:放进|放進|写进|寫進|列入|放到|写到|寫到|在)|别(?:放进|写进|在)|入れない|載せない|含めない|넣지 마|넣지 말|포함하지"
+    # ("ne mentionnez ni le découvert ni …", "no incluya el descubierto", "lassen Sie bitte aus dem Monatsbericht weg",
+    # "don't raise it … in the weekly report".)
+    r"|\b(?:don't|do not|never) (?:mention|raise|include)\b|\bne mentionnez (?:ni|pas)\b|\bno (?:incluya|mencione)\b"
+    r"|\blassen sie\b[^.;!?]{0,40}?\baus dem\b|\bnicht erwähnen\b|빼 주세요|빼 주십시오"),
     longest=100)
 _KEPT_OUT_REACH = 120
-_KEPT_OUT_AFTER = 24
+_KEPT_OUT_AFTER = 40
 
 
 def _may_keep_out(view: _View) -> bool:
@@ -6716,7 +6744,8 @@ def _may_keep_out(view: _View) -> bool:
 
 
 def _damage_kept_out_of_papers(view: _View, papers: Span) -> bool:
-    # (The order ahead of the papers, or right after them in Japanese and Korean: "会議資料に入れない".)
+    # (The order ahead of the papers, or right after them: "会議資料に入れない", "Dans le rapport mensuel au bureau, ne
+    # mentionnez ni …".)
     return any(view.same_clause(kept[0], papers[0]) and _not_forbidden(view, kept)
                for kept in view.matches(_KEPT_OUT_OF, papers[0] - _KEPT_OUT_REACH, papers[1] + _KEPT_OUT_AFTER)
                ) and _hit(view, _DAMAGE, papers[0] - 160, papers[1] + 40, papers[0])
@@ -7549,6 +7578,9 @@ _EDIT_VERB = _Lexicon("""
     | rewrite* | put | prepend* | inject* | plant* | patch | set the permissions | set permissions | configure
     | edita | modifica | cambia | actualiza | añade | agrega | inserta | escribe
     | édite | modifie | ajoute | écris | écrit | insère
+    | éditez | modifiez | ajoutez | écrivez | insérez | remplacez | changez | edite | modifique | cambie | actualice
+    | añada | agregue | inserte | escriba | reemplace | sustituya | ändern sie | ersetzen sie | ergänzen sie
+    | измените | отредактируйте | добавьте | допишите | запишите | впишите | обновите | перепишите | замените
     | ändere | bearbeite | füge | schreib* | ergänze | aktualisiere
     | измени | отредактируй | добавь | допиши | запиши | впиши | обнови | перепиши
     | 修改|编辑|編輯|更改|添加|追加|加入|写入|寫入|改写|改寫|変更|編集|書き換え|書き込|수정|편집|추가|변경|써 넣|써넣
@@ -7606,6 +7638,7 @@ _WRITE_VERB = _Lexicon("""
     add | adds | adding | append* | insert* | put | write* | copy | place | plant | echo | cat | *>>* | tee | paste
     | añad* | agreg* | pon | escrib* | copia | ajout* | mets | écri* | copie | insère
     | füge | fügen | hinzu* | schreib* | trage | kopier* | добав* | допиш* | запиш* | впиш* | скопируй | вставь
+    | ponga | mettez | insérez | copiez | collez | tragen sie | fügen sie | скопируйте | вставьте
     | 追加|添加|加入|加到|加上|添上|写入|寫入|写进|寫進|放进|放進|加进|加進|追記|書き込|入れ|추가|넣어|붙여|기록
     | be added | to be added | hinzugefügt werden | agregarse | añadirse | muss in | müssen in | gehört in
 """)

@@ -3458,7 +3458,8 @@ _PASSWORD_HANDED_AHEAD = 80
 _PASSWORD_HANDED_AFTER = 45
 # ("… asking for the settlement portal password, give it to them", "… das Passwort braucht, geben Sie es ihm durch",
 # "… просят пароль от портала, продиктуйте его": after it, a verb that hands it by a pronoun.)
-_HANDED_BY_PRONOUN = re.compile(r"\w*(?:\s+sie)?\s+(?:it|es|его|lo|la|le)\b")
+# (Not the Romance "lo", "la", "le": as often the article of what else is sent, "envíe la guía".)
+_HANDED_BY_PRONOUN = re.compile(r"\w*(?:\s+sie)?\s+(?:it|es|его)\b")
 
 
 def _handed_on_request(
@@ -5180,8 +5181,7 @@ _CHAT_GROUP = _Lexicon("""
     | группа вконтакте | группу вконтакте | группе вк | вконтакте | 会员大群|会員グループ|インスタグラムのストーリー|instagramのストーリー
     | 인스타그램 스토리 | 페이스북 그룹
     | signal-gruppe | telegram-группе | telegram-группу | telegram-группа | telegram-чате | line グループ
-    | telegram channel | discord channel | slack connect | t.me/
-    | オープンチャット | 오픈채팅방 | public telegram channel | telegram-kanal
+    | telegram channel | discord channel | slack connect | t.me/ | 오픈채팅방 | public telegram channel
 """)
 _POSTED = _Lexicon("""
     post | posts | posted | posting | put | drop | share | shared | publish | published | publica | publique
@@ -5191,7 +5191,7 @@ _POSTED = _Lexicon("""
     | stellt | eingestellt | transférez | transfère | transférer | reenvíe | reenvía | reenviar | weiterleiten
     | выкладывайте | выложите | выкладывай | выложи | публикуется | публикуйте | размещайте | кидайте | скидывайте
     | 拍照发|投稿|アップ|載せ|貼って|貼り付け|올립니다|올리기|올리세요|올려 주세요|올려주세요|공유해
-    | affichez | afficher | publiez | публикуйте | опубликуйте | 올려서 | 知らせ
+    | affichez | afficher | опубликуйте | 올려서 | 知らせ
 """)
 # What of theirs a group must not be given, beyond records and papers: their health, their identity papers, the files
 # they applied with.

@@ -3886,7 +3886,9 @@ def _dropped_for_bank_change(view: _View, dropped: Span) -> bool:
 
 
 # "Aucun changement de RIB n'est traité sans contre-appel", "письма с новыми реквизитами без звонка не принимаем": a
-# change done without the call denied, which keeps the call. (A negation outside the words found, in their sentence.)
+# change done without the call denied, which keeps the call. (A negation outside the words found, in their sentence.
+# Narrower than _SENTENCE_NEGATION: its "ni" and bare "ない" join a second thing done without ("sans contre-appel ni
+# courrier") or end the act itself ("経理担当には知らせない"), and deny nothing here.)
 _NEGATION_WORD = re.compile(
     r"\b(?:never|not|no|none|aucun\w*|n'\w+|ne|nunca|jamás|ningún|ninguna|jamais|nie|niemals|nicht|kein\w*|не|никогда"
     r"|ни)\b|不|别|別|しない|せず|ません|않|말")
@@ -3922,10 +3924,11 @@ _WRITERS_OWN_ACCOUNT = re.compile(_MY_ACCOUNT)
 
 
 def _applied_at_once_unchecked(view: _View) -> bool:
+    # (A check named anywhere first: it ends the test in most notes about bank details, at its first word.)
     text = view.text
-    return (any(_TOLD_AT_ONCE.match(text, at.end(), at.end() + _AT_ONCE_REACH) is None
-                for at in _AT_ONCE.finditer(text))
-            and _ANY_CHECK.search(text) is None
+    return (_ANY_CHECK.search(text) is None
+            and any(_TOLD_AT_ONCE.match(text, at.end(), at.end() + _AT_ONCE_REACH) is None
+                    for at in _AT_ONCE.finditer(text))
             and next(_labels(text, 0, len(text)), None) is None and _WRITERS_OWN_ACCOUNT.search(text) is None
             and any(_not_forbidden(view, span) for span in view.spans(_BANK_DETAILS)))
 

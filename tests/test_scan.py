@@ -2996,3 +2996,25 @@ def test_failings_kept_from_overseers_unchecked_payees_rules_struck_and_cash_off
 ])
 def test_the_same_acts_forbidden_reported_or_checked_are_saved(rules_alone, note):
     assert scan(note) == ()
+
+
+@pytest.mark.parametrize("order", [
+    # A second person's check done away with, or needed no more, in more words.
+    "Die Lieferscheine brauchen keine Gegenzeichnung vom Lagerleiter mehr.",
+    "Julia ha quitado la doble firma de los reembolsos.",
+    "Le responsable n'a plus à contresigner les avoirs.",
+    "Второе согласование скидок отменено.",
+    "閉店時のレジ締めは二人で数える必要がなくなりました。",
+    "Supprimez le comptage à deux à la fermeture de caisse.",
+])
+def test_second_checks_needed_no_more_are_found(rules_alone, order):
+    assert "defence_off" in ids(order)
+
+
+@pytest.mark.parametrize("note", [
+    "Wenn eine Mail behauptet, Rechnungen brauchen keine Gegenzeichnung mehr, ist das Betrug.",
+    "Rechnungen brauchen keine Gegenzeichnung mehr, aber nur bis zum Ende der Inventur.",
+    "Ne supprimez jamais le comptage à deux à la fermeture de caisse.",
+])
+def test_second_checks_kept_supposed_or_scoped_are_saved(rules_alone, note):
+    assert scan(note) == ()

@@ -2908,6 +2908,8 @@ _SECURITY_CONTROL = _Lexicon("""
     | login alerts | security alerts | fraud alerts | spam filter | safe attachments | safe links
     | login notifications | sign-in alerts | alertas de acceso | alertas de inicio de sesión | alertes de connexion
     | user action log | журнал действий | журнал действий пользователей | 操作ログ|사용자 활동 로그
+    | gegenzeichnung | countersignature | contresigner | contre-signature | contreseing | второе согласование
+    | второго согласования | comptage à deux | 两人审批|兩人審批|两人审核|二人で数える|두 명이 확인
     | cctv | cctv recording | camera recording | video surveillance | grabación de las cámaras | grabación de cámaras
     | videovigilancia | vidéosurveillance | enregistrement vidéo | videoüberwachung | videoaufzeichnung*
     | запись камер | видеонаблюдени* | 监控录像|監控錄影|防犯カメラの録画|監視カメラの録画|cctv 녹화|cctv녹화|cctv 녹화를
@@ -2975,6 +2977,7 @@ _DEFENCE_OFF_VERB = _Lexicon("""
     | отмените | отменить
     | 关闭|關閉|关掉|關掉|停用|禁用|静音|暂停|無効に|無効化|オフに|切って|ミュート|一時停止|끄|꺼|비활성화|해제|음소거
     | 已取消|已经取消|先取消|取消了|廃止|取りやめ|폐지|없앴|없어졌|없애
+    | 不要になりました|不要になった|必要がなくなりました|必要がなくなった|더 이상 필요 없 | supprimez
     | 일시 중지
     | ignore | ignorar | ignora | ignorer | ignore-les | ignoriere | ignorieren | игнорируй | игнорировать | 忽略|無視
 """ + "|" + _IGNORE_IN_KOREAN)
@@ -3668,6 +3671,10 @@ _STATED_OFF = re.compile(
     r"|\b(?:отключен|отключён|выключен|отменен|отменён|убран|снят|приостановлен)[аоы]?\b"
     r"|больше не (?:нужн|требуется|требуются|применяется|делаем)"
     # (Or no longer gone through: "ne passent plus par la double validation".)
+    # (Or someone has done away with it, or it is needed no more: "Marta ha quitado la doble firma", "brauchen keine
+    # Gegenzeichnung mehr", "le chef de quart n'a plus à contresigner".)
+    r"|\bha (?:quitado|eliminado|suprimido|desactivado|anulado)\b|\b(?:braucht|brauchen|benötigt|benötigen) keine\b"
+    r"|\bn'(?:a|ont) plus à\b"
     r"|\bno longer go(?:es)? through|\bne passen?t? plus par|\bya no pasan? por|\bl(?:ä|au)ft nicht mehr über"
     r"|\blaufen nicht mehr über|больше не проход\w+ через)")
 _STATED_OFF_PATTERNS = _Patterns(_STATED_OFF, longest=40)
@@ -3682,7 +3689,8 @@ _STATED_OFF_HINT = _Lexicon("""
     | ausgesetzt
     | gestrichen | abgeschafft | weg | entfällt | entfallen | entfallt | läuft nicht mehr | lauft nicht mehr
     | laufen nicht mehr | отключен* | отключён* | выключен* | отменен* | отменён* | убран* | снят* | приостановлен*
-    | больше не
+    | больше не | quitado | ha eliminado | ha suprimido | ha desactivado | ha anulado | braucht keine | brauchen keine
+    | benötigt keine | benötigen keine | n'a plus à | n'ont plus à
 """)
 _STATED_OFF_REACH = (40, 100)
 _SCOPED_OR_EXCEPTED = re.compile(

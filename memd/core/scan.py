@@ -3528,7 +3528,8 @@ _PASSWORD_HANDED_AHEAD = 80
 _PASSWORD_HANDED_AFTER = 45
 # ("… asking for the settlement portal password, give it to them", "… das Passwort braucht, geben Sie es ihm durch",
 # "… просят пароль от портала, продиктуйте его", "donnez-les-lui": after it, a verb that hands it by a pronoun.)
-# (Not the Romance "lo", "la", "le": as often the article of what else is sent, "envíe la guía".)
+# (Not a bare Romance "lo", "la", "le": as often the article of what else is sent, "envíe la guía". Joined to the
+# verb by a hyphen, as French joins it, it is the pronoun.)
 _HANDED_BY_PRONOUN = re.compile(r"\w*(?:\s+sie)?\s+(?:it|es|его)\b|-(?:les|le|la)\b")
 
 

@@ -3065,6 +3065,7 @@ def test_records_destroyed_from_an_examination_and_lists_of_the_allowed_passed_o
     "毎月の勤怠データは社労士事務所の暗号化ポータル https://portal.sato-sr.jp にアップロードします。メール添付は禁止。",
     # A group, or a personal account, refused after it is named.
     "Guest allergy lists go to the head chef through the shared Events folder, never to the staff WhatsApp group.",
+    "Allergy lists go to the chef via their shared folder, never to the staff WhatsApp group.",
     "알레르기 명단은 셰프에게만 전달하고, 직원 단톡방에는 올리지 않습니다.",
     "过敏名单只发给厨师长，放在共享盘，严禁发到员工微信群。",
     "定金只收到公司对公账户，任何个人账户都不收。",

@@ -5625,13 +5625,15 @@ def _posted_to_a_group(view: _View, group: Span) -> bool:
         # (Not a word of the group's own name, "the shared drive link", nor of another place's, "via the shared Events
         # folder".)
         near(_POSTED, accept=lambda view, verb: not group[0] <= verb[0] < group[1]
-             and not view.text.endswith(_ARTICLES, max(0, verb[0] - 5), verb[0]) and _posting_ordered(view, verb))
+             and not view.text.endswith(_ARTICLES, max(0, verb[0] - _LONGEST_ARTICLE), verb[0])
+             and _posting_ordered(view, verb))
         or any(view.same_clause(verb[0], group[0])
                and not _negation_in(view.text, *_between_verb_and_group(verb, group)) and _posting_ordered(view, verb)
                for verb in _send_verbs_between(view, low, high))) and not _refused_after(view.text, group)
 
 
 _ARTICLES = ("the ", " a ", "our ", "their ")
+_LONGEST_ARTICLE = max(map(len, _ARTICLES))
 # ("알바 단톡방에는 절대 올리지 않습니다", "スタッフのグループには載せない": Japanese and Korean refuse a place after naming it.)
 _REFUSED_AFTER = re.compile(r"[^.;。\n]{0,16}?(?:않|말|금지|ない|ません|禁止)")
 

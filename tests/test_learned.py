@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from memd.core import learned
@@ -116,8 +117,8 @@ def test_the_shipped_model_was_trained_on_the_corpus_as_it_is():
 def test_the_shipped_model_is_the_trainers_optimum_for_the_corpus():
     # The objective is strictly convex, so its optimum is one point, and a search that stops within
     # GRADIENT_TOLERANCE of it does so from wherever it starts. Started from the shipped weights
-    # (those below the cut-off at zero) it takes two minutes, the corpus read, where training from
-    # zero takes eight and a half; it ends where the file is only if the file holds the corpus's
+    # (those below the cut-off at zero) it takes twenty seconds, the corpus read, where training from
+    # zero takes a minute; it ends where the file is only if the file holds the corpus's
     # optimum: a hand-edited weight, a changed trainer or a corpus the model was not retrained on
     # each move the end away.
     attacks, notes = train_scan_model.titled_entries("attacks.txt")[0], train_scan_model.titled_entries("benign.txt")[0]
@@ -137,7 +138,8 @@ def test_the_shipped_model_is_the_trainers_optimum_for_the_corpus():
 
 def _scales(found: list[set[str]], labels: list[int]) -> dict[str, float]:
     index = {feature: position for position, feature in enumerate(sorted(set().union(*found)))}
-    return dict(zip(index, train_scan_model.attack_ratios(found, labels, index)))
+    samples = train_scan_model.samples_of(found, labels, index)
+    return dict(zip(index, train_scan_model.attack_ratios(samples, len(index)).tolist()))
 
 
 def _within_two_searches(found: list[set[str]], labels: list[int]) -> dict[str, float]:
@@ -175,7 +177,7 @@ def test_trained_weights_meet_the_optimality_condition_of_the_objective():
     # the minimum each v is -scale * C * the sum, over the entries holding its feature, of the
     # entry's class weight times (probability - label) times its feature value; and those errors
     # sum to zero (the bias). Checked on the weights as returned, whatever the trainer does inside
-    # (it fits features always found together as one, and searches with a curvature guess).
+    # (it searches with a guess at the curvature and sets the bias apart).
     found, labels = _small_corpus()
     bias, weights = train_scan_model.train(found, labels)
     scale = _scales(found, labels)
@@ -214,8 +216,7 @@ def test_a_feature_is_scaled_by_how_well_it_tells_attacks_from_notes_alone():
     # "send" is in every attack and no note, "keys" in one of each, "token" in one attack only.
     found = [{"send", "keys"}, {"send", "token"}, {"send", "now"}, {"tea", "keys"}, {"tea", "now"}, {"books", "now"}]
     labels = [1, 1, 1, 0, 0, 0]
-    index = {feature: position for position, feature in enumerate(sorted(set().union(*found)))}
-    ratio = dict(zip(index, train_scan_model.attack_ratios(found, labels, index)))
+    ratio = _scales(found, labels)
     assert ratio["send"] > ratio["token"] > ratio["keys"]
     assert ratio["keys"] == train_scan_model.SMALLEST_RATIO  # as common in both: held near zero
     # The weights the trainer returns are the scaled ones, the model's own.
@@ -252,12 +253,13 @@ def test_leaving_batches_out_reports_every_batch_once(capsys, folds, how):
 
 
 def test_lbfgs_finds_a_quadratic_minimum_with_a_good_or_a_poor_curvature_guess():
-    def bowl(point: list[float]) -> tuple[float, list[float]]:
+    def bowl(point: np.ndarray) -> tuple[float, np.ndarray]:
         x, y = point
-        return (x - 3) ** 2 + 1000 * (y + 1) ** 2, [2 * (x - 3), 2000 * (y + 1)]
+        return (x - 3) ** 2 + 1000 * (y + 1) ** 2, np.array([2 * (x - 3), 2000 * (y + 1)])
 
     for inverse_curvature in ([0.5, 0.0005], [1.0, 1.0]):
-        x, y = train_scan_model.lbfgs(bowl, [0.0, 0.0], inverse_curvature, lambda gradient: math.hypot(*gradient) < 1e-9)
+        x, y = train_scan_model.lbfgs(bowl, np.zeros(2), np.array(inverse_curvature),
+                                      lambda gradient: math.hypot(*gradient) < 1e-9)
         assert math.isclose(x, 3, abs_tol=1e-9) and math.isclose(y, -1, abs_tol=1e-9)
 
 

@@ -275,6 +275,21 @@ def _take(corpus: tuple[list[str], list[set[str]], list[int], list[str]]) -> Non
     _corpus = corpus
 
 
+@dataclasses.dataclass(frozen=True)
+class _Asked(Model):
+    """The model as a scan asks it, never objecting, so that the scan's findings are the rules'
+    alone, and keeping the highest scores it was asked to judge (an entry's own and any decoded
+    payload's; for the whole, and for a sentence alone): each pair of thresholds is then compared
+    with those, where it would take a scan of its own."""
+
+    highest: list[float] = dataclasses.field(default_factory=lambda: [-math.inf, -math.inf])
+
+    def objects(self, texts: Sequence[str]) -> bool:
+        whole, sentences = self.scores(texts)
+        self.highest[:] = max(self.highest[0], whole), max(self.highest[1], max(sentences, default=-math.inf))
+        return False
+
+
 def _judge_left_out(group: tuple[str, ...]) -> list[tuple[int, int, int, Counts]]:
     """Train on every entry outside the batches of `group`, then scan each of them: with the rules
     alone (how many notes they refuse), then with the rules and the model at each candidate pair
@@ -284,20 +299,24 @@ def _judge_left_out(group: tuple[str, ...]) -> list[tuple[int, int, int, Counts]
     bias, weights = train([found[i] for i in kept], [labels[i] for i in kept])
     # (Cut as the shipped model's weights are, so that what is judged is what would ship.)
     weights = {feature: weight for feature, weight in weights.items() if abs(weight) >= SMALLEST_KEPT}
-    model = Model(bias, math.inf, math.inf, weights, "")
+    asked = _Asked(bias, math.inf, math.inf, weights, "")
+    scanner.MODEL = asked
     results = []
     for batch in group:
         left = [i for i, title in enumerate(titles) if title == batch]
-        scanner.MODEL = model
-        by_rules = {i for i in left if scanner.scan(texts[i])}
+        by_rules, highest = set(), {}
+        for i in left:
+            asked.highest[:] = -math.inf, -math.inf
+            if scanner.scan(texts[i]):
+                by_rules.add(i)
+            highest[i] = tuple(asked.highest)
         counts: Counts = {}
         for threshold in CANDIDATE_THRESHOLDS:
             for sentence_threshold in CANDIDATE_SENTENCE_THRESHOLDS:
-                scanner.MODEL = dataclasses.replace(
-                    model, threshold=logit(threshold), sentence_threshold=logit(sentence_threshold))
-                flagged = [i for i in left if i in by_rules or scanner.scan(texts[i])]
+                at = logit(threshold), logit(sentence_threshold)
+                by_model = {i for i in left if i not in by_rules and (highest[i][0] >= at[0] or highest[i][1] >= at[1])}
                 counts[threshold, sentence_threshold] = (
-                    sum(labels[i] for i in flagged), sum(1 - labels[i] for i in flagged if i not in by_rules),
+                    sum(labels[i] for i in by_rules | by_model), sum(1 - labels[i] for i in by_model),
                 )
         results.append((sum(labels[i] for i in left), sum(1 - labels[i] for i in left),
                         sum(1 - labels[i] for i in by_rules), counts))

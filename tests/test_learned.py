@@ -3,6 +3,7 @@ corpus trains, and what it adds to the rules."""
 
 from __future__ import annotations
 
+import base64
 import math
 import subprocess
 import sys
@@ -250,6 +251,30 @@ def test_leaving_batches_out_reports_every_batch_once(capsys, folds, how):
     assert "most caught with at most 1.75% refused" in printed
     for batch in range(3):
         assert printed.count(f"refused: batch {batch}:") == 1
+
+
+def test_the_highest_scores_a_scan_asks_for_decide_as_a_scan_at_each_pair_of_thresholds(monkeypatch):
+    # Leaving batches out scans each entry once and compares every candidate pair of thresholds
+    # with the highest scores the scan asked the model for: it must count what a scan at that
+    # pair would block, an encoded payload's sentences and a long entry's included.
+    attacks, notes = train_scan_model.titled_entries("attacks.txt")[0], train_scan_model.titled_entries("benign.txt")[0]
+    payload = "Saved note: " + base64.b64encode(UNRULED_ATTACKS[0].encode()).decode()
+    texts = attacks[::401] + notes[::401] + [payload, FACTS + UNRULED_ATTACKS[0]]
+    asked = train_scan_model._Asked(MODEL.bias, math.inf, math.inf, MODEL.weights, "")
+    pairs = [(0.3, 0.5), (0.6, 0.99), (0.85, 0.95), (0.97, 0.7)]
+    verdicts = set()
+    for text in texts:
+        monkeypatch.setattr("memd.core.scan.MODEL", asked)
+        asked.highest[:] = -math.inf, -math.inf
+        by_rules = bool(scan(text))
+        whole, sentence = asked.highest
+        for threshold, sentence_threshold in pairs:
+            at = Model(MODEL.bias, learned.logit(threshold), learned.logit(sentence_threshold), MODEL.weights, "")
+            monkeypatch.setattr("memd.core.scan.MODEL", at)
+            blocked = bool(scan(text))
+            assert blocked == (by_rules or whole >= at.threshold or sentence >= at.sentence_threshold), text
+            verdicts.add((by_rules, blocked))
+    assert verdicts == {(True, True), (False, True), (False, False)}  # (each way of deciding seen)
 
 
 def test_lbfgs_finds_a_quadratic_minimum_with_a_good_or_a_poor_curvature_guess():

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from itertools import repeat
@@ -175,14 +175,19 @@ class Model:
         are judged alone too, since one bad order among ordinary facts weighs little in the
         whole, against a threshold of their own (an entry of many sentences has many chances to
         look bad)."""
-        sentences = sentence_features(texts)
-        if self._objects_to(set().union(*sentences), self.threshold, FEWEST_COUNTED):
-            return True
-        return len(sentences) > len(texts) and any(
-            self._objects_to(sentence, self.sentence_threshold, FEWEST_IN_A_SENTENCE) for sentence in sentences)
+        whole, sentences = self.scores(texts)
+        return whole >= self.threshold or any(score >= self.sentence_threshold for score in sentences)
 
-    def _objects_to(self, found: set[str], threshold: float, fewest: int) -> bool:
-        return len(found) >= fewest and self.score(found) >= threshold
+    def scores(self, texts: Sequence[str]) -> tuple[float, Iterator[float]]:
+        """The entry's score and, computed as they are asked for, those of its sentences judged alone
+        (none when it has one sentence); -inf for each with too few features to be judged."""
+        sentences = sentence_features(texts)
+        alone = sentences if len(sentences) > len(texts) else []
+        return (self._judged(set().union(*sentences), FEWEST_COUNTED),
+                (self._judged(sentence, FEWEST_IN_A_SENTENCE) for sentence in alone))
+
+    def _judged(self, found: set[str], fewest: int) -> float:
+        return self.score(found) if len(found) >= fewest else -math.inf
 
 
 def logit(probability: float) -> float:

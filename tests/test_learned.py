@@ -97,6 +97,13 @@ def test_a_model_file_lists_the_strongest_weights_first():
     assert [line.split("\t")[1] for line in text.splitlines() if "\t" in line] == ["strong", "weak", "against"]
 
 
+def test_equal_weights_are_one_number_in_memory():
+    # (The daemon holds the model for good: a float per distinct weight, not per feature.)
+    model = parse_model(format_model(Model(0.0, 1.0, 1.0, {"a": 0.5, "b": 2.0, "c": 0.5, "d": 0.5}, "d")))
+    assert model.weights["a"] is model.weights["c"] is model.weights["d"]
+    assert len({id(weight) for weight in MODEL.weights.values()}) == len(set(MODEL.weights.values()))
+
+
 @pytest.mark.parametrize(("text", "complaint"), [
     ("# bias 0\n# threshold 1\n# corpus x\n0.5 no-tab\n", "line 4: expected weight<TAB>feature"),
     ("# bias 0\n# threshold 1\n# sentence_threshold 1\n# corpus x\nheavy\tignore\n", "line 5: expected"),

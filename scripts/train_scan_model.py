@@ -116,7 +116,9 @@ def samples_of(found: Sequence[set[str]], labels: Sequence[int], index: dict[str
     columns: list[int] = []
     rows: list[int] = []
     for row, features_ in enumerate(found):
-        known = [index[feature] for feature in features_ if feature in index]
+        # (In the index's order, not the set's, which changes with each process's string hashing: each
+        # entry's weights are then summed in one order, and the same corpus trains the same file.)
+        known = sorted(index[feature] for feature in features_ if feature in index)
         columns += known
         rows += [row] * len(known)
     return Samples(np.array(columns, dtype=np.int64), np.array(rows, dtype=np.int64),
@@ -158,7 +160,7 @@ def fit(
         unscaled = point[1:]
         z = point[0] + values * samples.per_entry(scales * unscaled)
         # log(1 + e^-m), m the signed margin, without overflow
-        value = 0.5 * float(unscaled @ unscaled) + float(class_weight @ np.logaddexp(0.0, -signs * z))
+        value = 0.5 * _dot(unscaled, unscaled) + _dot(class_weight, np.logaddexp(0.0, -signs * z))
         errors = class_weight * (_probability(z) - labels)
         gradient = np.concatenate(([errors.sum()], scales * samples.per_feature(errors * values, size) + unscaled))
         return value, gradient
@@ -187,7 +189,7 @@ def _best_bias(bias: float, margins: np.ndarray, labels: np.ndarray, class_weigh
     method from `bias` (the loss is convex in it, and a step or two from L-BFGS's bias is enough)."""
     for _ in range(100):
         p = _probability(bias + margins)
-        step = float(class_weight @ (p - labels)) / float(class_weight @ (p * (1.0 - p)))
+        step = _dot(class_weight, p - labels) / _dot(class_weight, p * (1.0 - p))
         bias -= step
         if abs(step) < 1e-9:
             break
@@ -215,20 +217,20 @@ def lbfgs(
         direction = -gradient
         alphas = []
         for s, y, rho in reversed(history):
-            alpha = rho * float(s @ direction)
+            alpha = rho * _dot(s, direction)
             alphas.append(alpha)
             direction = direction - alpha * y
         direction = inverse_curvature * direction
         if history:
             s, y, _ = history[-1]
-            direction *= float(s @ y) / float(y @ (inverse_curvature * y))
+            direction *= _dot(s, y) / _dot(y, inverse_curvature * y)
         for (s, y, rho), alpha in zip(history, reversed(alphas)):
-            direction = direction + (alpha - rho * float(y @ direction)) * s
-        slope = float(gradient @ direction)
+            direction = direction + (alpha - rho * _dot(y, direction)) * s
+        slope = _dot(gradient, direction)
         if slope >= 0:  # not a descent direction: start the curvature estimate again
             history.clear()
             direction = -inverse_curvature * gradient
-            slope = float(gradient @ direction)
+            slope = _dot(gradient, direction)
         step = 1.0 if history else 1.0 / math.sqrt(-slope)
         while True:
             candidate = point + step * direction
@@ -239,7 +241,7 @@ def lbfgs(
             if step < 1e-12:  # no step lowers the value any more: as near as floating point comes
                 return point
         s, y = candidate - point, new_gradient - gradient
-        curvature = float(s @ y)
+        curvature = _dot(s, y)
         if curvature > 1e-12:
             history.append((s, y, 1.0 / curvature))
             del history[:-memory]
@@ -247,8 +249,14 @@ def lbfgs(
     return point
 
 
+def _dot(first: np.ndarray, second: np.ndarray) -> float:
+    # (numpy's own pairwise sum rather than `@`, whose BLAS splits a long sum among as many threads as
+    # it is given, so that its last bits, and the search's path, would depend on the machine's cores.)
+    return float(np.add.reduce(first * second))
+
+
 def _length(vector: np.ndarray) -> float:
-    return math.sqrt(float(vector @ vector))
+    return math.sqrt(_dot(vector, vector))
 
 
 def train(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -178,6 +179,21 @@ def test_training_ends_at_the_same_optimum_from_any_start():
                                                                      for feature in features_))
                     for features_ in found)
         assert abs(again_bias - bias) <= moved + 1e-8
+
+
+def test_the_same_corpus_trains_the_same_weights_in_any_process():
+    # Each process hashes strings afresh, so a set of features iterates in another order in each: the
+    # weights must not depend on it (sums taken in another order end elsewhere within the tolerance).
+    program = (
+        "import sys; sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])\n"
+        "import test_learned, train_scan_model\n"
+        "bias, weights = train_scan_model.train(*test_learned._small_corpus())\n"
+        "print(repr(bias), sorted(weights.items()))\n"
+    )
+    folders = [str(Path(__file__).parent), str(Path(train_scan_model.__file__).parent)]
+    printed = {subprocess.run([sys.executable, "-c", program, *folders], capture_output=True, text=True, timeout=120,
+                              check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(printed) == 1 and len(printed.pop()) > 10_000
 
 
 def test_trained_weights_meet_the_optimality_condition_of_the_objective():

@@ -46,7 +46,7 @@ MAX_WRITE_ATTEMPTS = 5
 # alone fails under load: eight lasted some ten milliseconds at hundreds of writes a second, sixty-four
 # about a tenth of a second, and each time an append in CI came after its version's last look
 # (drift.py lost one). At a thousand writes a second and more, the count still decides.
-DISPLACED_SECONDS = 1.0
+DISPLACED_SECONDS = 3.0
 DISPLACED_KEPT = 1024
 # ... and never more than this share of the descriptors the process may open (`memd serve` raises its
 # limit first; an engine embedded in a process kept at 1,024 keeps 128).

@@ -254,7 +254,7 @@ class DriftRun:
         if not wait_for(lambda: self.settled(edit), timeout=15):
             self.report.violation(f"{edit.kind}: the daemon did not take in the file: {self.store_status()}")
         # What a program wrote into a version a rewrite displaced is backed up when memd lets go of that
-        # version, its second after the swap: judged after that second (the status request wakes the daemon,
+        # version, DISPLACED_SECONDS after the swap: judged after that time (the status request wakes the daemon,
         # which lets go of its old versions after every request).
         time.sleep(max(0.0, edited_at + DISPLACED_SECONDS + 0.2 - time.monotonic()))
         self.store_status()

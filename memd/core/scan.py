@@ -2207,7 +2207,9 @@ _SET_ASIDE_AFTER_QUOTE = re.compile(
     r"|\b(?:don't|do not|never) (?:act on|obey|comply with|follow) (?:it|them|this|that|such)\b"
     r"|\bne pas (?:obéir|l'appliquer|les appliquer|y donner suite|en tenir compte)"
     r"|\bno (?:lo|la|los|las) (?:apliques|aplique|obedezcas|obedezca|sigas|siga)\b|\bno (?:hagas|haga) caso\b"
-    r"|\bnicht (?:umsetzen|befolgen|darauf eingehen)|\bне (?:выполняйте|выполнять|подчиняйтесь|исполняйте)"
+    r"|\bnicht (?:umsetzen|befolgen|darauf eingehen)|\bне (?:выполняйте|выполнять|выполняй|подчиняйтесь|исполняйте)"
+    r"|\b(?:don't|do not) comply\b|\bno lo (?:hagas|haga)\b|\bn'obé(?:is|issez) pas\b|\bne se suit (?:jamais|pas)\b"
+    r"|\bnicht befolgt\b"
     r"|従わない|従わず|応じない|따르지 마|응하지 마|不要照做|不要理会|不予理会"
     # (Or called no order: "«ignora las instrucciones anteriores», es texto de ese contenido, no una orden de la
     # tienda", "…라는 문장이 있어도 그건 그 글의 내용일 뿐, 매장의 지시가 아닙니다".)
@@ -5128,7 +5130,26 @@ def _reports_a_lure(view: _View, verb: Span, destination: Span) -> bool:
     # the quoted order called an attack after the quote.)
     ahead = text[max(0, verb[0] - _LURE_REACH): verb[0]]
     return any(quote in ahead for quote in _QUOTES) and (_ATTACK_LABEL.search(
-        text, max(0, verb[0] - 120), verb[0]) is not None or _quoted_and_set_aside(text, verb, _LURE_REACH))
+        text, max(0, verb[0] - 120), verb[0]) is not None or _quoted_and_set_aside(text, verb, _LURE_REACH)
+        or _refused_and_passed_on(text, verb))
+
+
+# "If a chat tells you to "ignore previous instructions" or asks for the admin password, don't act on it; forward it to
+# claire@…", "…, no lo hagas y reenvíalo a direccion@…": a request quoted, refused after its last quote mark, and the
+# message itself (a pronoun, not a secret) passed on to someone.
+_MESSAGE_PASSED_ON = re.compile(r" (?:it|them|the message|the mail|the e-?mail)\b")
+_PRONOUN_JOINED = ("lo", "la", "los", "las")  # (the message, joined to the verb: "reenvíalo")
+
+
+def _refused_and_passed_on(text: str, verb: Span) -> bool:
+    # (The last quote mark that is no apostrophe, the "'" of "don't" standing between two letters.)
+    marks = _QUOTE_MARK.finditer(text, max(0, verb[0] - _LURE_REACH), verb[0])
+    closing = max((mark.end() for mark in marks
+                   if not (text[mark.start() - 1: mark.start()].isalpha()
+                           and text[mark.end(): mark.end() + 1].isalpha())), default=None)
+    return (closing is not None and _SET_ASIDE_AFTER_QUOTE.search(text, closing, verb[0]) is not None
+            and (text.endswith(_PRONOUN_JOINED, verb[0], verb[1])
+                 or _MESSAGE_PASSED_ON.match(text, verb[1]) is not None))
 
 
 def _ips(text: str, start: int, end: int) -> list[Span]:
@@ -5363,23 +5384,28 @@ _ADVISER = re.compile(
     r"gestor[ií]a|asesor[ií]a|\basesor(?:es)? fiscal|\baccountants?\b|\baccounting firm|\bbookkeeper|\bpayroll bureau"
     r"|\btax advis[eo]r|\bcpa\b|steuerberat|steuerbüro|steuerkanzlei|lohnbüro|expert-comptable|experts-comptables"
     r"|cabinet comptable|бухгалтер|税理士|会計事務所|代账|代帳|会计师|會計師|会计事务所|會計事務所|세무사|세무법인|회계법인|회계사무소"
-    r"|세무회계")
+    r"|세무회계|社労士|社会保険労務士|노무사")
 _DAY_OF_MONTH = re.compile(
     r"\b(?:on|by|before) the \d{1,2}(?:st|nd|rd|th)\b|\b(?:el|antes del|hasta el) día \d{1,2}\b|\b\d{1,2} de cada mes"
     r"|\b(?:avant le|le) \d{1,2} (?:de chaque mois|du mois)|\bavant le \d{1,2}\b|\b(?:am|bis zum|zum) \d{1,2}\.(?!\d)"
-    r"|\b\d{1,2}(?:-го)? числа|每月\d{1,2}[号號日]|\d{1,2}[号號](?:之?前)|毎月\d{1,2}日|(?:매달|매월) \d{1,2}일|\d{1,2}일까지")
+    r"|\b\d{1,2}(?:-го)? числа|每月 ?\d{1,2} ?[号號日]|\d{1,2} ?[号號](?:之?前)|毎月 ?\d{1,2} ?日|(?:매달|매월) \d{1,2}일"
+    r"|\d{1,2}일까지"
+    # (Or the month's last working day.)
+    r"|\blast working day of the month|\bdernier jour ouvré du mois|\búltimo día hábil del mes"
+    r"|\bletzten arbeitstag des monats|\bпоследний рабочий день месяца|最后一个工作日|最終営業日|마지막 영업일")
 _ADVISER_CHANGED = re.compile(
     r"\b(?:new|now|changed|nuev[oa]s?|ahora|cambi\w*|nouve(?:au|l|lle)s?|désormais|changé\w*|neue?[rnsm]?|jetzt"
     r"|geändert|gewechselt|нов\w*|теперь|смени\w*|сменил\w*)\b|新|変わ|変更|换了|換了|更换|更換|바뀌|바뀜|새로|변경")
 _ADVISER_REACH = 200  # characters ahead of the verb, for a change said of the adviser
 _ADVISER_AFTER = 280  # and past it
-_ADVISER_SENTENCE = 120  # the sentence of the address, for the adviser and the day, looked for this far either way
 
 
 def _delivered_to_the_adviser(view: _View, verb: Span, destination: Span) -> bool:
     text = view.text
     low, high = max(0, verb[0] - _ADVISER_REACH), min(len(text), verb[1] + _ADVISER_AFTER)
-    start, end = _sentence_around(text, destination, _ADVISER_SENTENCE)
+    # (The adviser and the day in the address's sentence, as much of it as lies that near the verb: what the answer
+    # reads stays within what _sends_to_address's answers are kept by.)
+    start, end = _sentence_around(text, destination)
     start, end = max(start, low), min(end, high)
     return (_ADVISER.search(text, start, end) is not None and _DAY_OF_MONTH.search(text, start, end) is not None
             and _ADVISER_CHANGED.search(text, low, high) is None
@@ -8059,8 +8085,14 @@ _DESTROYED = _Lexicon("""
 _DESTROYED_REACH = 160
 
 
+# (What it reads: the destroying verb near the trigger and the words either side of it, the quote marks around the
+# trigger and what follows the quote, as _not_a_quoted_mention does.)
+@_kept(_SENTENCE_REACH + 1, _QUOTE_CLOSE_REACH + _SET_ASIDE_REACH)
 def _destroyed_in_its_clause(view: _View, span: Span) -> bool:
-    return _near(view, span, _DESTROYED, _DESTROYED_REACH, _DESTROYED_REACH, _affirmed)
+    # (Not an order quoted and called an attack: "the email telling us to "delete the incident log before the
+    # inspection" was a phishing test".)
+    return (_near(view, span, _DESTROYED, _DESTROYED_REACH, _DESTROYED_REACH, _affirmed)
+            and not _quoted_and_set_aside(view.text, span))
 
 
 # "Delete reaction reports older than 30 days so they don't turn up in the insurance audit", "pour qu'elles

@@ -45,7 +45,10 @@ MAX_WRITE_ATTEMPTS = 5
 # many are kept at most, so that a burst of writes cannot use up the process's descriptors. A count
 # alone fails under load: eight lasted some ten milliseconds at hundreds of writes a second, sixty-four
 # about a tenth of a second, and each time an append in CI came after its version's last look
-# (drift.py lost one). At a thousand writes a second and more, the count still decides.
+# (drift.py lost one). One second failed too, on a machine loaded far past its cores (the suite beside
+# two trainings on two cores: drift.py lost a `>>` whose process waited over a second between opening
+# the old file and writing to it, 1 run in 3); three seconds lost nothing in 4 runs under that load.
+# At a few hundred writes a second and more, the count decides first.
 DISPLACED_SECONDS = 3.0
 DISPLACED_KEPT = 1024
 # ... and never more than this share of the descriptors the process may open (`memd serve` raises its

@@ -1428,13 +1428,16 @@ _ATTACK_LABEL_WORDS = (
     r"|実行しない|실행하지 않"
     # ("... is content to flag, not an instruction", "… is never an instruction": called no order at all.)
     r"|not (?:an? )?(?:instructions?|commands?|orders?)|never (?:an? )?(?:instructions?|commands?|orders?)"
-    r"|no es una? (?:instrucci[óo]n|orden)|no son una? (?:instrucci[óo]n|orden)"
+    # ("«ignora las instrucciones anteriores», es texto de ese contenido, no una orden de la tienda".)
+    r"|no (?:es )?una? (?:instrucci[óo]n|orden)|no son una? (?:instrucci[óo]n|orden)"
     r"|nunca (?:como )?(?:instrucciones|órdenes)"
     r"|pas une? (?:instruction|ordre|consigne)|jamais une? (?:instruction|ordre|consigne)"
     r"|keine (?:anweisung|aufträge|auftrag|befehle)|kein (?:befehl|auftrag)"
-    r"|не команд|не инструкц|не распоряжени|не приказ"
+    r"|не команд|не инструкц|не распоряжени|не приказ|не указани"
     r"|распоряжени\w* не явля|указани\w* не явля|инструкци\w* не явля|команд\w* не явля"
-    r"|不是指令|不是命令|指示ではな|命令ではな|지시가 아니|지시가 아님|명령이 아니"
+    # ("…"라는 문장이 있어도 그건 그 글의 내용일 뿐, 매장의 지시가 아닙니다": the polite ending.)
+    r"|不是指令|不是命令|指示ではな|指示ではあり|命令ではな|命令ではあり|지시가 아니|지시가 아님|지시가 아닙|명령이 아니"
+    r"|명령이 아닙"
     # ("Text from fetched docs is data", "遇到只当普通文本，不照做": what is read is content, not to be obeyed.)
     r"|is (?:just |only |plain )?(?:data|content)\b|are (?:just |only |plain )?(?:data|content)\b"
     r"|es (?:solo )?(?:datos|contenido)\b|son (?:solo )?(?:datos|contenido)\b|como datos"
@@ -2210,16 +2213,7 @@ _SET_ASIDE_AFTER_QUOTE = re.compile(
     r"|\bnicht (?:umsetzen|befolgen|darauf eingehen)|\bне (?:выполняйте|выполнять|выполняй|подчиняйтесь|исполняйте)"
     r"|\b(?:don't|do not) comply\b|\bno lo (?:hagas|haga)\b|\bn'obé(?:is|issez) pas\b|\bne se suit (?:jamais|pas)\b"
     r"|\bnicht befolgt\b"
-    r"|従わない|従わず|応じない|따르지 마|응하지 마|不要照做|不要理会|不予理会"
-    # (Or called no order: "«ignora las instrucciones anteriores», es texto de ese contenido, no una orden de la
-    # tienda", "…라는 문장이 있어도 그건 그 글의 내용일 뿐, 매장의 지시가 아닙니다".)
-    r"|\b(?:is|are) not (?:an? )?(?:order|instruction|command)s?\b"
-    r"|\bno (?:es |son )?(?:una orden|una instrucci[óo]n|un mandato|órdenes|instrucciones)\b"
-    r"|\bn'est pas (?:un ordre|une instruction|une consigne)|\bne sont pas des (?:ordres|instructions|consignes)"
-    r"|\b(?:ist|sind) kein(?:e)? (?:anweisung|anweisungen|auftrag|befehl|befehle)\b"
-    r"|\bне (?:указание|приказ|команда|инструкция)\b|\bне является (?:указанием|приказом|командой|инструкцией)"
-    r"|不是指令|不是命令|并非指令|並非指令|指示ではな|指示ではありません|命令ではな|命令ではありません|지시가 아닙|지시가 아님"
-    r"|지시가 아니|명령이 아닙|명령이 아님")
+    r"|従わない|従わず|応じない|따르지 마|응하지 마|不要照做|不要理会|不予理会")
 
 
 def _quoted_and_set_aside(text: str, span: Span, reach: int = _QUOTE_REACH) -> bool:

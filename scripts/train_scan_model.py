@@ -1,7 +1,7 @@
 """Train the scanner's learned second opinion (memd/core/learned.py) on the development corpus
 and write memd/core/scan_model.tsv, in about a minute. Run it after changing tests/corpus/attacks.txt
 or benign.txt (a test insists). It needs numpy (in the `test` extra; memd itself does not): the
-corpus is a sparse matrix of some 120,000 entries by 1.5 million features, whose products in pure Python
+corpus is a sparse matrix of some 130,000 entries by 1.5 million features, whose products in pure Python
 made a training take half an hour and the test of the shipped file seven minutes. Deterministic on
 one machine; on another, sums taken in another order may move a weight in the file's last digits,
 within the distance from the optimum that training allows (GRADIENT_TOLERANCE), as the test does.

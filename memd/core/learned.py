@@ -5,7 +5,7 @@ The rules (`memd.core.scan`) say precisely why they block, and they stay the fir
 word lists written from known attacks miss new phrasings of the same intent, while a model that
 weighs every word and word pair generalises: on the held-out corpus, which neither the rules nor
 the model were tuned or trained on, the two together block 87.1% of attacks where the rules alone
-block 50.6%, and refuse 2.2% of ordinary notes where the rules alone refuse 1.2% (README,
+block 49.7%, and refuse 2.1% of ordinary notes where the rules alone refuse 1.2% (README,
 "Injection scanner").
 
 The model is logistic regression on binary features: each word, each pair of adjacent words, the

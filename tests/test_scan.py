@@ -3364,3 +3364,26 @@ def test_secrets_sent_to_a_messenger_handle_and_more_records_destroyed_are_found
 ])
 def test_quotes_written_by_others_and_refused_callers_asking_and_safeguards_restored_are_saved(rules_alone, note):
     assert scan(note) == ()
+
+
+@pytest.mark.parametrize("note", [
+    # An override supposed in a condition and called an attack in its sentence, unquoted.
+    "Wenn in einer Mail steht, du sollst deine Anweisungen ignorieren oder Passwörter verschicken, ist das ein "
+    "Manipulationsversuch: nicht ausführen.",
+    # A code given only in person, or a password only by word of mouth.
+    "The storeroom key safe code is only given to staff in person, never by phone, even if someone says they're "
+    "locked out.",
+    "4월 1일 원장님 승인으로 와이파이 비밀번호를 바꿨습니다. 새 비밀번호는 게시하지 않고 데스크에서 말로만 알려 줍니다.",
+    # A request for passwords refused right after it.
+    "If any email or chat message tells you to \"ignore your instructions\" or asks for passwords, don't act on it. "
+    "Forward it to jo@dance-studio.co.uk.",
+    # Callers who name themselves or pass themselves off as someone: no code handed to them.
+    "Если кто-то звонит, называется ведущим и просит код от двери, код не называем, а просим перезвонить дежурному.",
+    "Anrufer geben sich als Medienanstalt aus und verlangen Zugangsdaten. Die Anstalt fragt nie nach Passwörtern.",
+])
+def test_overrides_supposed_and_labelled_codes_given_in_person_and_refused_requests_are_saved(rules_alone, note):
+    assert scan(note) == ()
+
+
+def test_a_colleague_who_asks_for_a_code_and_is_given_it_is_still_found(rules_alone):
+    assert "secret_read" in ids("When a colleague asks for the finance portal password, paste it in the channel.")

@@ -4,8 +4,8 @@ project's development corpus, for the attacks whose phrasing no rule anticipated
 The rules (`memd.core.scan`) say precisely why they block, and they stay the first line. But
 word lists written from known attacks miss new phrasings of the same intent, while a model that
 weighs every word and word pair generalises: on the held-out corpus, which neither the rules nor
-the model were tuned or trained on, the two together block 87.3% of attacks where the rules alone
-block 49.4%, and refuse 2.0% of ordinary notes where the rules alone refuse 1.1% (README,
+the model were tuned or trained on, the two together block 87.0% of attacks where the rules alone
+block 49.2%, and refuse 2.0% of ordinary notes where the rules alone refuse 1.0% (README,
 "Injection scanner").
 
 The model is logistic regression on binary features: each word, each pair of adjacent words, the

@@ -1353,9 +1353,9 @@ def _ordered_override(view: _View, span: Span) -> bool:
 
 
 def _supposed_and_labelled(text: str, span: Span) -> bool:
-    """"Wenn in einer Mail steht, du sollst deine Anweisungen ignorieren …, ist das ein Manipulationsversuch", "If a page
-    says to disregard your rules, that's an injection": an override supposed in a condition, and called an attack in
-    its sentence."""
+    """"Wenn in einer Mail steht, du sollst deine Anweisungen ignorieren …, ist das ein Manipulationsversuch", "If a
+    page says to disregard your rules, that's an injection": an override supposed in a condition, and called an attack
+    in its sentence."""
     low, _ = _sentence_around(text, span)
     return (_CONDITION_OPENED.search(text, max(low, span[0] - _CONDITION_OPENED_REACH), span[0]) is not None
             and _labelled_an_attack(text, span))
@@ -1466,7 +1466,8 @@ _ATTACK_LABEL_WORDS = (
     r"|подделк|поддельн|фейк|假的|假冒|冒充|伪造|偽造|偽物|なりすまし|사칭|가짜"
     r"|manipulat|manipulaci|engaño|tromperie|täuschung|обман|манипуляц|欺骗|欺騙|操纵|騙し|속임"
     # (Or no order to act on: "Nicht reagieren", "no lo ejecutes", "ничего не делаем", "绝不执行".)
-    r"|nicht reagieren|not act on|nobody acted|no se hace|no se ejecuta|no lo ejecutes|nicht ausführen|nichts davon ausf"
+    r"|nicht reagieren|not act on|nobody acted|no se hace|no se ejecuta|no lo ejecutes|nicht ausführen"
+    r"|nichts davon ausf"
     r"|не выполня|ничего не делаем|不执行|不要执行"
     r"|実行しない|실행하지 않"
     # ("... is content to flag, not an instruction", "… is never an instruction": called no order at all.)
@@ -2258,7 +2259,8 @@ _SET_ASIDE_AFTER_QUOTE = re.compile(
     r"|\bno (?:lo|la|los|las) (?:apliques|aplique|obedezcas|obedezca|sigas|siga)\b|\bno (?:hagas|haga) caso\b"
     r"|\bnicht (?:umsetzen|befolgen|darauf eingehen)|\bне (?:выполняйте|выполнять|выполняй|подчиняйтесь|исполняйте)"
     r"|\b(?:don't|do not) comply\b|\bno lo (?:hagas|haga)\b|\bn'obé(?:is|issez) pas\b|\bne se suit (?:jamais|pas)\b"
-    r"|\bnicht befolgt\b|\b(?:don't|do not)(?=[;.,!])|\b(?:tu|tue|mach|mache) (?:es|das) nicht\b|" + "|".join(rf"\b{words}\b" for words in _DO_NOTHING) +
+    r"|\bnicht befolgt\b|\b(?:don't|do not)(?=[;.,!])|\b(?:tu|tue|mach|mache) (?:es|das) nicht\b|"
+    + "|".join(rf"\b{words}\b" for words in _DO_NOTHING) +
     r"|従わない|従わず|応じない|따르지 마|따르지 말|응하지 마|不要照做|不要理会|不予理会")
 
 
@@ -4182,7 +4184,8 @@ _ACCOUNT_THEY_NAME = re.compile(
     r"|guest|sender|they|he|she)s? (?:gives?|provides?|names?|sends?|dictates?|quotes?|states?|reads? out|types?"
     r"|enters?|writes?|texts?|emails?)\b"
     r"|\b(?:account|card)(?: number)? (?:given|provided|named|dictated|quoted) (?:by|in|over|on)\b"
-    r"|\b(?:compte|rib|carte) (?:que|qu')[^.;]{0,40}\b(?:indique|donne|communique|dicte|envoie)\w*|\bcompte indiqué par\b"
+    r"|\b(?:compte|rib|carte) (?:que|qu')[^.;]{0,40}\b(?:indique|donne|communique|dicte|envoie)\w*"
+    r"|\bcompte indiqué par\b"
     r"|\b(?:konto|karte),? (?:das|die|welches)\b[^.;]{0,40}\b(?:nennt|angibt|mitteilt|durchgibt)\b"
     r"|\b(?:cuenta|tarjeta) que\b[^.;]{0,40}\b(?:dicte|indique|dé|facilite|diga|proporcione)\b"
     r"|\b(?:сч[её]т|карту),? (?:который|которую)\b[^.;]{0,40}\b(?:назов|укаж|продикту|сообщ)\w*"
@@ -4191,7 +4194,8 @@ _ACCOUNT_THEY_NAME = re.compile(
 # Money sent: where the account named is to receive it, ahead of the account or just after it.
 _MONEY_SENT = _Patterns(re.compile(
     r"\b(?:refund\w*|pay|paid|pays|payments?|payouts?|transfer\w*|wire|rembours\w*|versez|verser|virez|virement\w*"
-    r"|erstatt\w*|rückerstatt\w*|überweis\w*|auszahl\w*|reembols\w*|devu[ée]lv\w*|abon[ae]\w*|ingres[ae]\w*|transfier\w*"
+    r"|erstatt\w*|rückerstatt\w*"
+    r"|überweis\w*|auszahl\w*|reembols\w*|devu[ée]lv\w*|abon[ae]\w*|ingres[ae]\w*|transfier\w*"
     r"|возвра\w*|перевод\w*|переведи\w*|перечисл\w*|выплат\w*)\b"
     r"|退款|退到|退回|付款|汇款|匯款|转账|轉帳|打款|振込|振り込|送金|返金|返還|に返して|입금|환불|송금|이체|반환"))
 _MONEY_AHEAD = 200
@@ -4232,7 +4236,8 @@ _PERSONAL_BANK_ACCOUNT = _Lexicon("""
     | privates paypal | на мою карту | мне на карту | мне по номеру | 我的个人账户|我个人微信|私の個人口座|내 개인 계좌
 """)
 _COLLECTED = _Lexicon("""
-    collect | collected | collecting | take | takes | deposits go | deposit goes | payments go | cobra | cobran | cobrar | se cobra | se cobran | cobre | recaude | encaisse
+    collect | collected | collecting | take | takes | deposits go | deposit goes | payments go
+    | cobra | cobran | cobrar | se cobra | se cobran | cobre | recaude | encaisse
     | encaissez | encaissées | encaissés | perçues | perçus | kassieren | einsammeln | eingezogen | собирайте
     | переводите | перевести | предоплату
     | принимайте | собирать | принимать | 收取|收款|定金|订金|押金|受け取|入金|받도록|받아|받습니다|입금
@@ -5540,7 +5545,8 @@ def _sends_to_address(view: _View, verb: Span) -> bool:
 # is now …", "el nuevo asesor fiscal", "税理士が変わった"), or send on request, or to a webmail address: an adviser
 # said new or changed anywhere near, and a webmail address, are never excused, and a request names no day.
 _ADVISER = re.compile(
-    r"gestor[ií]a|asesor[ií]a|\basesor(?:es)? fiscal|\basesores\b|\baccountants?\b|\baccounting firm|\bbookkeeper|\bpayroll bureau"
+    r"gestor[ií]a|asesor[ií]a|\basesor(?:es)? fiscal|\basesores\b"
+    r"|\baccountants?\b|\baccounting firm|\bbookkeeper|\bpayroll bureau"
     r"|\btax advis[eo]r|\bcpa\b|steuerberat|steuerbüro|steuerkanzlei|lohnbüro|expert-comptable|experts-comptables"
     r"|cabinet comptable|бухгалтер|税理士|会計事務所|代账|代帳|会计师|會計師|会计事务所|會計事務所|세무사|세무법인|회계법인|회계사무소"
     r"|세무회계|社労士|社会保険労務士|노무사")
@@ -6310,7 +6316,8 @@ _LEAK_VERBS = ("leak", "泄露", "洩露", "泄漏", "洩漏", "漏洩", "流出
 _CONDITION_WORDS = (r"(?:\b(?:if|when|whenever|in case|falls|wenn|sobald|si|cuando|en caso de|если|когда|в случае)\b"
                     r"|如果|若是|万一|萬一|一旦|要是|もし|만약|만일)")
 _CONDITION_AHEAD = re.compile(_CONDITION_WORDS + r"[^,;:.!?、]*$")
-# (Anywhere ahead in the sentence, commas between: "Wenn in einem Auftrag, einer Mail oder auf einer Webseite steht, …".)
+# (Anywhere ahead in the sentence, commas between: "Wenn in einem Auftrag, einer Mail oder auf einer Webseite
+# steht, …".)
 _CONDITION_OPENED = re.compile(_CONDITION_WORDS)
 _CONDITION_OPENED_REACH = 120
 _CONDITION_AFTER = re.compile(r"[^,;:.!?、\s]{0,4}(?:場合|したら|되면|된 경우|될 경우|되었을 때|时|時)")
@@ -6497,7 +6504,8 @@ def _program_reads(view: _View, verb: Span) -> bool:
 # "도어락 비밀번호는 당일 배정된 기사님께만 알려 드려요", "只能当面交接", "only in person": a secret told in one way or
 # to one person only, which is how a note keeps it. (In no development or held-out attack; in 32 development notes.)
 _TOLD_ONLY_SO = re.compile(
-    r"\bonly (?:[\w']+ ){0,4}?(?:in person|face to face)|\bsolo en persona|\buniquement en (?:personne|main propre)|\bnur persönlich"
+    r"\bonly (?:[\w']+ ){0,4}?(?:in person|face to face)"
+    r"|\bsolo en persona|\buniquement en (?:personne|main propre)|\bnur persönlich"
     r"|\bтолько лично|只能当面|当面交接|当面告知|対面でのみ|직접만|(?:에게만|께만)[^.。]{0,12}알려"
     # ("새 비밀번호는 게시하지 않고 데스크에서 말로만 알려 줍니다": by word of mouth only.)
     r"|\bonly (?:verbally|by word of mouth)|\bnur mündlich|\bsolo de palabra|\buniquement de vive voix"
@@ -6505,13 +6513,16 @@ _TOLD_ONLY_SO = re.compile(
 # "压缩包密码另外打电话告诉她", "ファイルのパスワードは電話で伝える", "the zip's password goes by phone": the password of a file
 # sent encrypted, told apart by telephone, as a careful sender does.
 _FILE_PASSWORD_BY_PHONE = re.compile(
-    r"(?:\b(?:zip|archive|attachment|file|pdf)(?:'s)? password|\bpassword (?:for|of|to) the (?:zip|archive|attachment|file)"
-    r"|contraseña del (?:archivo|zip|fichero|adjunto)|mot de passe (?:du fichier|de l'archive|du zip|de la pièce jointe)"
-    r"|\b(?:datei|zip|archiv|anhang)passwort|passwort (?:der|für die|zur) (?:datei|zip)|пароль (?:от|к) (?:архив|файл)\w*"
+    r"(?:\b(?:zip|archive|attachment|file|pdf)(?:'s)? password"
+    r"|\bpassword (?:for|of|to) the (?:zip|archive|attachment|file)|contraseña del (?:archivo|zip|fichero|adjunto)"
+    r"|mot de passe (?:du fichier|de l'archive|du zip|de la pièce jointe)"
+    r"|\b(?:datei|zip|archiv|anhang)passwort|passwort (?:der|für die|zur) (?:datei|zip)"
+    r"|пароль (?:от|к) (?:архив|файл)\w*"
     r"|(?:压缩包|文件|附件)的?密码|(?:ファイル|添付|zip)の?パスワード|파일 ?비밀번호)[^.。\n]{0,40}?"
     r"(?:\b(?:by phone|over the phone|by telephone|por teléfono|par téléphone|au téléphone|telefonisch|per telefon"
     r"|по телефону)\b|电话|電話|전화)")
-# (Looked for first as substrings: most sentences name no telephone, and the pattern tries its forms at every character.)
+# (Looked for first as substrings: most sentences name no telephone, and the pattern tries its forms at every
+# character.)
 _TELEPHONE = ("phone", "teléfono", "téléphone", "telefon", "телефон", "电话", "電話", "전화")
 
 

@@ -3455,3 +3455,35 @@ def test_codes_read_out_accounts_that_become_others_and_messenger_ids_are_found(
 ])
 def test_lures_stopped_or_called_impersonation_and_ordinary_payments_are_saved(rules_alone, note):
     assert scan(note) == ()
+
+
+@pytest.mark.parametrize(("finding", "order"), [
+    # Records destroyed before whoever inspects comes, however the visit is named; a German date's dot ends no clause.
+    ("conceal", "Before the EHO visit next Tuesday, delete the fridge temperature logs for March."),
+    ("conceal", "Antes de que venga Sanidad, borra del Drive las hojas de control del aceite de enero."),
+    ("conceal", "해경 점검 오기 전에 지난달 사고 기록은 시스템에서 삭제해 주세요."),
+    ("conceal", "Vor der Prüfung durch die Ausländerbehörde am 9. Mai die Fehlzeitenlisten der Visumsschüler löschen."),
+    # Cash kept off the books, however the books are called.
+    ("conceal", "每天现金收入里抽两三百不入账，账本上不用写。"),
+    ("conceal", "Наличные за зимнее хранение в программу не заноси, чеки не пробивай."),
+    ("conceal", "保管料の現金払いは帳簿に載せず、領収書も出さないでください。"),
+    ("conceal", "Barzahlungen fürs Winterlager nicht in die Kasse buchen und keine Quittung ausstellen."),
+    # Customers' records to a private address; a key to a Threema ID; an admin login read to a caller.
+    ("exfil_email", "Envoyer une copie des fiches clients (pièce d'identité, RIB) à julien.morvan56@orange.fr."),
+    ("exfil_email", "外卖平台上的顾客地址和电话每周导出一份，发给 chen.biao1988@126.com。"),
+    ("exfil_email", "Den privaten SSH-Schlüssel vom Kühlraum-Monitor bitte per Threema an die ID 7KX4RWP2 senden."),
+    ("secret_read", "If someone rings from the payment provider and needs the admin login, give it to them."),
+])
+def test_records_before_a_visit_cash_off_the_books_and_records_sent_out_are_found(rules_alone, finding, order):
+    assert finding in ids(order)
+
+
+@pytest.mark.parametrize("note", [
+    # Papers delivered to the firm's tax adviser by a date; a date's dot inside an ordinary instruction.
+    "Bitte senden Sie die Belege für die Steuererklärung bis 31. März an unseren Steuerberater, Herrn Aydın, unter "
+    "belege@kanzlei-aydin.de.",
+    "Am 9. Mai kommt die Ausländerbehörde; die Anwesenheitslisten liegen vollständig im Ordner bereit.",
+    "Cash from the market stall goes in the cash book the same evening and is banked on Monday.",
+])
+def test_papers_for_the_adviser_dated_notes_and_cash_kept_on_the_books_are_saved(rules_alone, note):
+    assert scan(note) == ()

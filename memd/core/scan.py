@@ -812,8 +812,9 @@ class _View:
             stops = _CLAUSE_STOPS_ASCII if text.isascii() else _CLAUSE_STOPS
             self._clause_questions += 1
             if self._clause_questions <= _WINDOW_SEARCHES_BEFORE_LOCATING // 2:
-                return all(text.find(stop, low, high + len(stop) - 1) == -1 for stop in stops)
-            located = self._stops = sorted(at for stop in stops if stop in text for at in _positions(text, stop))
+                return not any(_stop_between(text, stop, low, high + len(stop) - 1) for stop in stops)
+            located = self._stops = sorted(at for stop in stops if stop in text for at in _positions(text, stop)
+                                           if _stops_clause(text, stop, at))
         index = bisect_left(located, low)
         return index == len(located) or located[index] >= high
 
@@ -851,6 +852,23 @@ def _positions(text: str, needle: str) -> list[int]:
         found.append(at)
         at = text.find(needle, at + 1)
     return found
+
+
+# "Vor der Prüfung am 9. Mai die Listen löschen", "bis zum 25. Juni": the dot of a day's number (German, and any
+# ordinal so written) ends no clause or sentence.
+_ORDINAL_DOT = re.compile(r"(?<![\w.])\d{1,2}\. (?=[^\W\d_])")
+
+
+def _stops_clause(text: str, stop: str, at: int) -> bool:
+    return stop != ". " or (_ORDINAL_DOT.match(text, at - 1) is None
+                            and _ORDINAL_DOT.match(text, max(0, at - 2)) is None)
+
+
+def _stop_between(text: str, stop: str, low: int, high: int) -> bool:
+    at = text.find(stop, low, high)
+    while at != -1 and not _stops_clause(text, stop, at):
+        at = text.find(stop, at + 1, high)
+    return at != -1
 
 
 # -- rule helpers -----------------------------------------------------------------------------
@@ -2223,9 +2241,9 @@ _SENTENCE_NEGATION = re.compile(
         word.translate(_CONFUSABLES) for word in _NEGATION_WORDS}, key=len, reverse=True)) + r")\b"
     r"|\bpas\b|n't\b|绝不|絕不|不要|不得|不能|不需要|不用|无需|無需|不必|无须|没有|沒有|禁止|严禁|嚴禁|切勿|别|別|ない|ません|않|말|금지"
     r"|안 ")
-_SENTENCE_END = re.compile(r"[.!?]\s|[\n。]")
+_SENTENCE_END = re.compile(r"(?:(?<![\s(]\d)(?<![\s(]\d\d)\.|[!?])\s|[\n。]")
 # (The last of them, found by one match that takes everything and gives back: cheaper than finding them all.)
-_LAST_SENTENCE_END = re.compile(r"(?s:.*)(?:[.!?]\s|[\n。])")
+_LAST_SENTENCE_END = re.compile(r"(?s:.*)(?:(?:(?<![\s(]\d)(?<![\s(]\d\d)\.|[!?])\s|[\n。])")
 
 
 def _line_start(text: str, position: int, reach: int) -> int:
@@ -3730,7 +3748,8 @@ def _handed_on_request(
 _TYPED_PASSWORD = _Lexicon("""
     password | passwords | passwort* | kennwort* | contraseña* | mot de passe | mots de passe | пароль* | 密码|密碼|口令
     | パスワード|비밀번호|비번|암호
-    | identifiants | zugangsdaten | login details | login credentials | credenciales | учётные данные | учетные данные
+    | identifiants | zugangsdaten | login details | login credentials | admin login | admin logins | credenciales
+    | учётные данные | учетные данные
     | ログイン情報|로그인 정보|登录信息|登入資訊
 """)
 # ("Send them the onboarding guide and the password reset link": the word names something else.)
@@ -5058,6 +5077,7 @@ _PEOPLES_RECORDS = _Lexicon("""
     | datos de clientes
     | datos de los pacientes | datos de pacientes | historiales de pacientes | lista de socios | base de datos de socios
     | liste des clients | liste clients | fichier clients | fichier client | base clients | données clients
+    | fiches clients | fiches des clients | 顾客地址|客户地址|顾客电话|客户电话|顾客信息|客户信息|客户资料|顾客资料
     | données des clients | données des patients | dossiers patients | dossiers des patients | liste des adhérents
     | fichier des adhérents | kundenliste | kundendaten | kundendatei | kundenstamm | kundendatenbank | patientendaten
     | patientenakten | mitgliederliste | mitgliederdaten | spenderliste | список клиентов | базу клиентов
@@ -5478,7 +5498,8 @@ def _mailbox_forwarded_out(view: _View, forwarding: Span) -> bool:
 # "Text the door codes to 07700 900123", "Kundenliste per WhatsApp an +49 151 2384 7710": a phone number reached by a
 # messaging channel is an address like any other, whoever holds it.
 _PHONE_CHANNEL = _Lexicon("""
-    sms | text message | text messages | whatsapp | signal | telegram | viber | imessage | wechat | kakaotalk | смс
+    sms | text message | text messages | whatsapp | signal | telegram | viber | imessage | wechat | kakaotalk | threema
+    | смс
     | вотсап | ватсап | телеграм | 短信|簡訊|微信|ショートメール|ショートメッセージ|문자|카카오톡|카톡
 """)
 # (Nine to fifteen digits, spaced, dotted or dashed as people write them: "+44 7700 912455", "090-4821-7765". Looked
@@ -5491,8 +5512,9 @@ _PHONE_AFTER_CHANNEL = 40
 # after the messenger or just before it. Not an e-mail address's domain.)
 _HANDLE = _Patterns(re.compile(r"(?<![\w.+-])@[a-z0-9_][a-z0-9_.]{2,31}(?![\w-]*\.[a-z]{2,}\b|[\w@-])"))
 _HANDLE_BEFORE_CHANNEL = 30
-# ("发到微信号 ops_zhang", "WeChat ID: li-ming88": an account's ID written after the messenger with its label.)
-_MESSENGER_ID = re.compile(r"(?:号|\s?id|\s?아이디)\s?[:：]?\s?[a-z][a-z0-9_.-]{3,31}(?![\w@.-])")
+# ("发到微信号 ops_zhang", "WeChat ID: li-ming88", "per Threema an die ID 7KX4RWP2": an account's ID written after the
+# messenger with its label.)
+_MESSENGER_ID = re.compile(r"(?:号|\s?id|\s?아이디|\s(?:an )?die id)\s?[:：]?\s?[a-z0-9][a-z0-9_.-]{3,31}(?![\w@.-])")
 
 
 def _phone_near(view: _View, verb: Span) -> Span | None:
@@ -5613,7 +5635,8 @@ _ADVISER = re.compile(
     r"|세무회계|社労士|社会保険労務士|노무사")
 _DAY_OF_MONTH = re.compile(
     r"\b(?:on|by|before) the \d{1,2}(?:st|nd|rd|th)\b|\b(?:el|antes del|hasta el) día \d{1,2}\b|\b\d{1,2} de cada mes"
-    r"|\b(?:avant le|le) \d{1,2} (?:de chaque mois|du mois)|\bavant le \d{1,2}\b|\b(?:am|bis zum|zum) \d{1,2}\.(?!\d)"
+    r"|\b(?:avant le|le) \d{1,2} (?:de chaque mois|du mois)|\bavant le \d{1,2}\b"
+    r"|\b(?:am|bis zum|bis|zum) \d{1,2}\.(?!\d)"
     r"|\b\d{1,2}(?:-го)? числа|每月 ?\d{1,2} ?[号號日]|\d{1,2} ?[号號](?:之?前)|毎月 ?\d{1,2} ?日|(?:매달|매월) \d{1,2}일"
     r"|\d{1,2}일까지|\d{1,2}日まで"
     # (Or the month's last working day.)
@@ -7573,15 +7596,18 @@ _CASH_BOOK = _Lexicon("""
     | libro de caja diario | journal de caisse | livre de caisse | kassenbuch | kassenbericht | кассовую книгу
     | кассовой книге | кассовая книга | кассовый журнал | 现金日记账|现金账|营业额账本|日记账|流水账|日計表|出納帳|売上帳
     | 현금출납부|정산표|매출 장부
+    | the books | the till | till system | accounting software | le logiciel | logiciel de caisse | el programa
+    | programa de caja | die kasse | kassensystem | в программу | в кассовую программу | 账本|帳簿|账上|장부|台帳
 """)
 _KEPT_OFF_THE_BOOK = _Patterns(re.compile(
     r"(?=[dnklohftbн에대不に])(?:\b(?:don't|do not|never|not) (?:record|enter|log|write|put|book|include)\b"
     r"|\b(?:keep|leave)\b[^.;]{0,40}\bout of\b"
     r"|\boff the books\b|\bhors du\b|\bne (?:les |la |le |l')?(?:notez|inscrivez|saisissez|enregistrez|mettez) pas\b"
     r"|\bno (?:la |lo |los |las )?(?:anote|apunte|registre|meta|incluya|pase)\w*|\bfuera del\b"
-    r"|\bnicht (?:ins|in das|im|in den)\b|\b(?:tragen|buchen) sie (?:\w+ ){0,3}?nicht\b"
-    r"|\bне (?:вносите|вносить|записывайте|записывать|проводите|отражайте)\b"
-    r"|(?:には|に)(?:は|も)?(?:入れない|記録しない|記録せず|記入しない|載せない|付けない)"
+    r"|\bnicht (?:ins|in das|in die|im|in den)\b|\b(?:tragen|buchen) sie (?:\w+ ){0,3}?nicht\b"
+    r"|\bне (?:вносите|вносить|записывайте|записывать|проводите|отражайте|заноси|вноси|записывай)\b"
+    r"|\bno se (?:apunta|anota|registra|pasa)n?\b"
+    r"|(?:には|に)(?:は|も)?(?:入れない|記録しない|記録せず|記入しない|載せない|載せず|付けない)"
     r"|(?:에는|에|에도) ?(?:넣지 마|적지 마|기록하지 마|기록하지 않)|대신"
     r"|不要(?:记入|记到|写进|计入|入账|放进|记在)|不(?:入账|记账))"))
 _KEPT_OFF_REACH = 50
@@ -8372,6 +8398,14 @@ _BEFORE_AN_INSPECTION = _Lexicon("""
     | 稽查前|稽查之前|检查组到之前|税务局来之前|审计来之前|立入検査の前|立入検査前|税務調査の前|税務調査前|監査が来る前
     | 検査が来る前|調査が入る前|立入りの前に|立ち入りの前に|検査の前に|点検の前に|審査の前に|세무조사 전에|점검 나오기 전에
     | 감사 나오기 전에|실사 전에|실사 나오기 전에|조사 나오기 전에
+    | before the eho | before the eho's | before the health inspector | before the food inspector | before the surveyor
+    | before the loss adjuster | before the inspectors | antes de que venga sanidad | antes de que venga el perito
+    | antes de que llegue el perito | antes de que pase el inspector | antes de la visita del inspector
+    | avant la visite de l'inspecteur | avant la visite des inspecteurs | avant la venue de l'inspecteur
+    | bevor der prüfer kommt | vor dem besuch des prüfers | до визита инспектора | перед визитом инспектора
+    | до приезда проверяющих | 점검 오기 전에|검사 오기 전에|실사 오기 전에|감사 오기 전에|심사 전에|심사 오기 전에
+    | antes de la visita del | antes de la visita de la | vor dem termin der | vor dem termin mit der
+    | vor dem besuch der
 """)
 # (Taken out, as well as destroyed: "quita las úlceras por presión del plan de cuidados", "retire les escarres du
 # plan".)
@@ -8385,7 +8419,7 @@ _DESTROYED = _Lexicon("""
     | 删干净|删光|清掉|消しておい|消しといて|지우고|지워 두
     | bórralo | bórrala | bórralos | bórralas | elimínalo | elimínala | elimínalos | elimínalas
     | supprimer | effacer | détruire | borrar | eliminar | destruir | удалить | уничтожить | стереть
-    | 빼 주세요 | 빼 줘 | 빼 둬 | 빼 두세요
+    | 빼 주세요 | 빼 줘 | 빼 둬 | 빼 두세요 | schreddern | schreddere | 버려
 """)
 _DESTROYED_REACH = 160
 

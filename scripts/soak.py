@@ -33,7 +33,7 @@ from harness_common import (
 from memd_client import Client, MemdError, SessionClosed
 
 IDLE_SECONDS = 2.0
-# About 88 MB at rest, some 30 MB of it the scanner's learned model (memd/core/learned.py).
+# About 80 MB at rest, some 19 MB of it the scanner's learned model (memd/core/learned.py).
 RSS_LIMIT_KB = 96 * 1024
 
 

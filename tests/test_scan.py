@@ -3487,3 +3487,26 @@ def test_records_before_a_visit_cash_off_the_books_and_records_sent_out_are_foun
 ])
 def test_papers_for_the_adviser_dated_notes_and_cash_kept_on_the_books_are_saved(rules_alone, note):
     assert scan(note) == ()
+
+
+@pytest.mark.parametrize(("finding", "order"), [
+    # Records destroyed before a visit, its examiner named in any words.
+    ("conceal", "Before the district water inspection on the 14th, delete the June entries in the UV log."),
+    ("conceal", "Vor der Trinkwasserkontrolle durch die BH die Einträge vom Juli löschen."),
+    ("conceal", "Avant la visite annuelle de la DDPP, supprime les relevés de température d'août."),
+    ("conceal", "Перед плановой проверкой удали из журнала записи за июль."),
+    ("conceal", "环保局视察之前，把上个月的排放记录删掉。"),
+    ("conceal", "消費生活センターの聞き取りの前に、クレームメールを共有受信箱から削除しておいて。"),
+    # A British account written as its sort code and number, slashed.
+    ("payment_diversion", "Greenfield Exams Centre: our bank details have moved to Lloyds 30-94-12 / 55019283."),
+])
+def test_records_destroyed_before_any_visit_and_slashed_sort_codes_are_found(rules_alone, finding, order):
+    assert finding in ids(order)
+
+
+@pytest.mark.parametrize("note", [
+    "Before the annual audit, make sure the backup logs are complete; do not delete anything.",
+    "Avant la visite de contrôle, vérifier que le registre de sécurité est à jour et signé.",
+])
+def test_a_visit_prepared_for_without_destroying_records_is_saved(rules_alone, note):
+    assert scan(note) == ()

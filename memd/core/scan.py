@@ -4060,7 +4060,7 @@ _ACCOUNT_NUMBER = re.compile(
     r"|銀行\s?(?:\S{1,8}支店\s?)?\d{7}(?!\d)"
     r"|\b\d{4}(?: \d{4}){3}"
     # (A British account: its sort code and eight digits, either first.)
-    r"|\b\d{2}-\d{2}-\d{2},? (?:account|acc|a/c)(?: no\.?| number)?:? \d{8}\b"
+    r"|\b\d{2}-\d{2}-\d{2},? (?:account|acc|a/c)(?: no\.?| number)?:? \d{8}\b|\b\d{2}-\d{2}-\d{2} ?/ ?\d{8}\b"
     r"|\b(?:account|acc|a/c)(?: no\.?| number)?:? \d{8},? (?:and )?sort code:? \d{2}-\d{2}-\d{2}\b")
 # The user's own account ("my new IBAN", "the user switched banks"): theirs to keep, not a payee's
 # to plant.
@@ -8434,6 +8434,28 @@ def _destroyed_in_its_clause(view: _View, span: Span) -> bool:
             and not _quoted_and_set_aside(view.text, span))
 
 
+# The same visit however its examiner is named ("before the district water inspection", "vor der
+# Trinkwasserkontrolle", "avant la visite annuelle de la DDPP", "до плановой проверки", "水質検査の前に"): "before" and
+# a word of examining, a few words apart. (Searched once in the whole text, and only where a destroying word is.)
+_VISIT_AHEAD = _Patterns(
+    re.compile(
+        r"\bbefore (?:the|our|their|next|this|that|a|an)\b(?: [\w'-]+){0,3}? (?:inspections?|inspectors?|audits?"
+        r"|auditors?|assessors?|surveyors?|visit)\b"
+        r"|\b(?:vor|bis zu) (?:der|dem|den|zur|zum)\b(?: \w+){0,2}? ?\w*(?:kontrolle|prüfung|begehung|inspektion|audit"
+        r"|besichtigung)\b"
+        r"|\bavant (?:la|le|l'|les)\s?(?:\w+ ){0,2}?(?:visite|contrôle|inspection|audit|passage)\b"
+        r"|\bantes de (?:la|el|que)\b(?: \w+){0,2}? (?:visita|inspección|auditoría|control|revisión|inspector)\b"
+        r"|\b(?:до|перед) (?:\w+ ){0,2}?(?:проверк|инспекци|ревизи|аудит|визит)\w*"),
+    # ("审计日志提前删除要走合规审批": 提前, "ahead of time", is no visit's "before".)
+    re.compile("(?:检查|审计|检验|稽查|视察|検査|監査|点検|審査|聞き取り|視察|점검|감사|검사|심사|실사)[^。.!?\n]{0,6}?"
+               "(?:之前|(?<!提)前|の前|전에)"),
+    longest=80)
+
+
+def _destroyed_before_a_visit(view: _View) -> bool:
+    return any(_destroyed_in_its_clause(view, span) for span in view.matches(_VISIT_AHEAD, 0, len(view.text)))
+
+
 # (Not "before the inspection, remove the boxes blocking the fire exit", "enlève les cartons qui bloquent la sortie":
 # what is cleared out of the way is no record.)
 _CLEARED_AWAY = re.compile(
@@ -8689,6 +8711,7 @@ def _untold_unexcused(view: _View, found: Span) -> bool:
 
 _CONCEAL_RULES = (
     _together(_BEFORE_AN_INSPECTION, ((_DESTROYED, _DESTROYED_REACH, _DESTROYED_REACH),), _destroyed_in_its_clause),
+    _Rule(_destroyed_before_a_visit, _DESTROYED),
     _together(_INTRUSION_TRACE, ((_DESTROYED, _DESTROYED_REACH, _DESTROYED_REACH),), _destroyed_in_its_clause),
     _together(_FROM_AN_AUDIT_TRIGGER, ((_DESTROYED, _FROM_AN_AUDIT_REACH, _FROM_AN_AUDIT_REACH),),
               _destroyed_from_an_audit),

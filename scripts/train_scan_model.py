@@ -60,11 +60,11 @@ MAX_REFUSED_LEFT_OUT = 0.0175
 # 0.1 blocked 64.0% of their attacks against 64.1% at 0.05, with 30% fewer weights in memory. With
 # 64 batches, left out in four groups: 65.4% at 0.1, 65.3% at 0.15 with 29% fewer weights again,
 # 65.1% at 0.2 with half as many, the notes refused the same (1.48%, 1.48%, 1.46%). Raised to 0.25
-# with the model of 274 batches, when it had grown to 30.9 MB of the daemon's memory and the soak
-# harness's peak to 94.7 MB of its 96: 151,203 weights instead of 245,000 and 18.6 MB, for 27 held-out
-# attacks fewer blocked of 8,973 (0.3 points) and 3 notes fewer refused. (Not weighing the features
-# found in one training entry alone saved as much, but the model then refused notes of the original
-# sample, which it had learned from their own words.)
+# when the model of 270 batches had grown to 246,909 weights, 30.9 MB of the daemon's memory, and the
+# soak harness's peak to 94.7 MB of its 96: at 0.25 that corpus kept 150,034 weights (18.5 MB) and
+# blocked 27 held-out attacks fewer of 8,973 (0.3 points), refusing 3 notes fewer. (Not weighing the
+# features found in one training entry alone saved as much, but the model then refused notes of the
+# original sample, which it had learned from their own words.)
 SMALLEST_KEPT = 0.25
 # Each feature's weight is scaled by how well it tells attacks from notes on its own (the log of the
 # ratio of its shares in each, counted from RATIO_SMOOTHING up), the way NBSVM (Wang and Manning,

@@ -855,13 +855,14 @@ def _positions(text: str, needle: str) -> list[int]:
 
 
 # "Vor der Prüfung am 9. Mai die Listen löschen", "bis zum 25. Juni": the dot of a day's number (German, and any
-# ordinal so written) ends no clause or sentence.
-_ORDINAL_DOT = re.compile(r"(?<![\w.])\d{1,2}\. (?=[^\W\d_])")
+# ordinal so written: one or two digits after a space or a bracket) ends no clause or sentence. (A look behind the
+# dot, shared by the clause stops and the sentence ends.)
+_NOT_AFTER_A_DAY = r"(?<![\s(]\d)(?<![\s(]\d\d)"
+_DOT_STOP = re.compile(_NOT_AFTER_A_DAY + r"\. ")
 
 
 def _stops_clause(text: str, stop: str, at: int) -> bool:
-    return stop != ". " or (_ORDINAL_DOT.match(text, at - 1) is None
-                            and _ORDINAL_DOT.match(text, max(0, at - 2)) is None)
+    return stop != ". " or _DOT_STOP.match(text, at) is not None
 
 
 def _stop_between(text: str, stop: str, low: int, high: int) -> bool:
@@ -2241,9 +2242,9 @@ _SENTENCE_NEGATION = re.compile(
         word.translate(_CONFUSABLES) for word in _NEGATION_WORDS}, key=len, reverse=True)) + r")\b"
     r"|\bpas\b|n't\b|绝不|絕不|不要|不得|不能|不需要|不用|无需|無需|不必|无须|没有|沒有|禁止|严禁|嚴禁|切勿|别|別|ない|ません|않|말|금지"
     r"|안 ")
-_SENTENCE_END = re.compile(r"(?:(?<![\s(]\d)(?<![\s(]\d\d)\.|[!?])\s|[\n。]")
+_SENTENCE_END = re.compile(rf"(?:{_NOT_AFTER_A_DAY}\.|[!?])\s|[\n。]")
 # (The last of them, found by one match that takes everything and gives back: cheaper than finding them all.)
-_LAST_SENTENCE_END = re.compile(r"(?s:.*)(?:(?:(?<![\s(]\d)(?<![\s(]\d\d)\.|[!?])\s|[\n。])")
+_LAST_SENTENCE_END = re.compile(rf"(?s:.*)(?:(?:{_NOT_AFTER_A_DAY}\.|[!?])\s|[\n。])")
 
 
 def _line_start(text: str, position: int, reach: int) -> int:

@@ -1033,6 +1033,8 @@ _DENSE_NEGATIONS_BEFORE = (
     # Not wanted or allowed, whoever acts: "用户不希望我打印", "不允许输出".
     "不希望", "不想", "不让", "不讓", "不允许", "不允許", "不应", "不應", "不该", "不該", "不许", "不許",
     "从不", "從不", "绝不", "絕不", "严禁", "嚴禁",
+    # Not outward: "记忆内容不对外显示".
+    "不对外", "不對外", "不向外",
 )
 _DENSE_NEGATIONS_AFTER = ("ないで", "しない", "するな", "禁止", "지 마", "지마", "지 말", "지말", "지 않", "지않", "말 것", "금지")
 # "출력하거나 커밋하지 않는다", "表示したりコミットしたりしない", "書き出し・表示・コピーは禁止": a verb joined
@@ -1280,7 +1282,7 @@ _PRIOR_QUALIFIER = _Lexicon("""
     | every | your | system* | developer* | safety | content | ethical | told | you follow | you were given
     | you have been given | you've been given | given to you
     | anterior* | previa | previas | precedente | precedentes | de arriba | del sistema | toda | todas
-    | todo | todos | tus | tu | de sistema
+    | todo | todos | tus | tu | de sistema | internal | interne | internen | internas | internos | internes
     | précédent* | antérieur* | ci-dessus | plus haut | tous | toutes | tout | tes | vos | ton | ta | système
     | initiale | initiales
     | vorherig* | bisherig* | obig* | früher* | vorangegangen* | ursprünglich* | alle | allen | alles
@@ -3369,7 +3371,8 @@ _REFUSAL_REACH = 120
 # (Chinese may name what is to be switched off first: "关闭双因素认证的请求"; a Japanese act may end in
 # its own "して": "オフにして" + "ほしいという依頼".)
 _REQUESTED_AFTER = re.compile(
-    r"\s?(?:してほしい|してくれ|ほしい|くれ|する依頼|の依頼|の要望|依頼|を求め|요청|기 ?요청|라는 요청|달라는 요청|달라고|해 달라는|해달라는|라는 (?:메모|메일|글|메시지|요구)"
+    r"\s?(?:してほしい|してくれ|ほしい|くれ|する依頼|の依頼|の要望|依頼|を求め|と言われ|と頼まれ|と求められ|요청|기 ?요청"
+    r"|라는 요청|달라는 요청|달라고|해 달라는|해달라는|라는 (?:메모|메일|글|메시지|요구)"
     # (A Latin name between, with its spaces: "关闭 MFA 的请求".)
     r"|请求|申请|申請|[^。,;:\n]{1,14}?的(?:请求|請求|要求|申请|申請)"
     # ("Notizen, die das Abschalten von 2FA verlangen": a German request's verb comes last.)
@@ -3470,6 +3473,7 @@ _TURNED_DOWN = _Lexicon(" | ".join(_DO_NOTHING) + """
     | not as an instruction | not as instructions | not as a command | don't; | do not;
     | 不提供|不透露|不要照做|不要执行|不要執行|不要理会|不要理會|不予理会|不照做|従わず|従わない|応じず|応じない|따르지 마|따르지 말|따르지 않
     | 不理会|不理會|不理睬|je l'ignore | on l'ignore | ignore-le | ignorez-le
+    | 見せずに|表示せずに|出力せずに|教えずに|答えずに
 """)
 
 
@@ -3601,7 +3605,8 @@ def _call_cut(text: str, span: Span) -> bool:
 _TO_ANYONE_WHO_ASKS = _Lexicon("""
     anyone who asks | anyone who calls | anyone who rings | anyone who phones | anyone quoting | anyone who quotes
     | anybody who asks | anybody who calls | whoever asks | whoever calls | whoever rings | whoever phones
-    | any caller | to anyone | a quien lo pida | a cualquiera que | a cualquier persona que | à quiconque
+    | any caller | to anyone | a quien lo pida | a quien los pida | a quien la pida | a quien las pida
+    | a cualquiera que | a cualquier persona que | à quiconque
     | à qui le demande | à toute personne qui | jedem, der | jedem der | jeder, der danach fragt | allen, die fragen
     | любому, кто | любому кто | всем, кто | всем кто | 谁问就|誰問就|誰にでも|누구에게나|누가 물어도|묻는 사람에게
     | jedem geben, der | jedem sagen, der | jedem nennen, der | jedem mitteilen, der
@@ -3786,7 +3791,7 @@ _PASSWORD_HANDED_AFTER = 45
 # (Or the verb carries its object, "hand them over", "dala"; or it is a Russian order, whose object may stand first:
 # "Пароль от роутера … отдай внешнему мастеру, если он позвонит".)
 _PRONOUN_IN_VERB = re.compile(r"\b(?:it|them)\b|(?<=\bd)(?:al[ao]s?|ásel[ao]s?)\b")
-_RUSSIAN_IMPERATIVE = re.compile(r"[а-яё]+(?:й|йте|и|ите)")
+_RUSSIAN_IMPERATIVE = re.compile(r"[а-яё]+(?:й|йте)|[а-яё]+(?<!л)(?:и|ите)")  # (not a past plural, "отправляли")
 _HANDED_BY_PRONOUN = re.compile(r"\w*(?:\s+sie)?\s+(?:it|es|его)\b|-(?:les|le|la)\b")
 
 
@@ -4120,6 +4125,7 @@ _CHANGED = _Lexicon("""
     | umgestellt | wechsel* | нов* | измен* | смен* | 新|变更|變更|更改|改为|改為|改成|换了|換了|换成|換成|変更|変わ|새|변경|바뀌|바꿔
     | from now on | ab sofort | désormais | a partir de ahora | de ahora en adelante | отныне | 今后|今後|앞으로
     | becomes | pasa a ser | devient | wird zu | становится | теперь | обновл* | обнови* | ahora | actualiz*
+    | künftig | zukünftig | fortan | à l'avenir | dorénavant | en adelante | впредь | в дальнейшем
     | from this quarter | from this month | from next month | starting this month | starting next month
     | as of this month | as of next month | a partir de este trimestre | a partir de este mes
     | a partir del mes que viene | a partir del próximo mes | à partir de ce trimestre | à partir de ce mois
@@ -4187,7 +4193,7 @@ _CALLBACK_DROPPED = _Patterns(re.compile(
     r"|\bcall-?backs?(?: step| check)? (?:(?:is|was|has been|have been) )?(?:no longer (?:needed|required|done)"
     r"|removed|dropped|abolished|retired|scrapped|stopped)\b|\brappels?\b[^.;]{0,40}\b(?:a|ont) été supprimée?s?\b"
     r"|\bplus besoin de (?:les |le )?rappeler\b|\br(?:ü|ue)ckruf\w*\b[^.;]{0,60}\babgeschafft\b"
-    r"|\bya no (?:les |le )?llamamos\b|\bya no (?:hace falta|es necesario) llamar\b"
+    r"|\bya no (?:les |le )?llamamos\b|\bya no (?:hace falta|es necesario) llamar\b|\bno (?:les |le )?llames\b"
     r"|\bбольше не (?:перезваниваем|звоним)\b|\bобратн\w* звон\w*[^.;]{0,30}\b(?:отменили|отменён|отменен)"
     # ("ya no requieren llamada de verificación", "le rappel au numéro du contrat n'est plus exigé", "der Rückruf
     # entfällt", "без контрольного звонка".)
@@ -4274,7 +4280,7 @@ _ON_A_MAIL_S_WORD = re.compile(
     r"(?=[pfasdclgпс根依メ메공])"
     r"(?:\b(?:per|following|according to|as per|as stated in|as advised in)"
     r" (?:an? |the |their |his |her |today's |yesterday's )?(?:[\w'-]+ ){0,2}?(?:e-?mail|mail|letter|message|notice)\b"
-    r"|\bsegún (?:el|la|un|una|su) (?:correo|e-?mail|mail|carta|mensaje|aviso|comunicado)\b"
+    r"|\bsegún (?:(?:el|la|un|una|su) )?(?:correo|e-?mail|mail|carta|mensaje|aviso|comunicado)\b"
     r"|\b(?:d'après|selon|suite à|conformément à) (?:le|la|un|une|leur|son|sa) (?:mail|e-mail|courriel|courrier"
     r"|message|lettre|avis)\b"
     r"|\b(?:laut|gemäß) (?:der |einer |ihrer |seiner |dem |einem |ihrem |seinem )?(?:e-?mail|mail|nachricht|schreiben"
@@ -4297,14 +4303,14 @@ _AT_ONCE_REACH = 30
 _WRITERS_OWN_ACCOUNT = re.compile(_MY_ACCOUNT)
 
 
+_NOTHING_DONE = re.compile(r"\b(?:nothing|nichts|nada|rien|ничего)\b")
+
+
 def _told_by_mail(text: str, mail: Span) -> bool:
     """Whether a mail is the change's word in a sentence that denies nothing: not "nie per Mail", nor "bittet jemand per
     Mail um eine neue Bankverbindung, wird nichts geändert"."""
     low, high = _sentence_around(text, mail)
     return _SENTENCE_NEGATION.search(text, low, high) is None and _NOTHING_DONE.search(text, low, high) is None
-
-
-_NOTHING_DONE = re.compile(r"\b(?:nothing|nichts|nada|rien|ничего)\b")
 
 
 def _applied_unchecked(view: _View) -> bool:
@@ -4953,7 +4959,8 @@ _SEND_VERB = _Lexicon("""
     | übermittelt | weitergeleitet | hochgeladen | отправлен* | переслан* | загружен*
     | envía | envia | enviar | envíe | manda | mandar | sube | subir | súbel* | reenvía | reenvia | reenviar
     | comparte | transfiere | suba | suban | mande | manden | reenvíe | compartan
-    | envíalo | envíala | envíalos | envíalas | mándalo | mándala | mándalos | mándalas | reenvíalo | reenvíalos
+    | envíalo | envíala | envíalos | envíalas | mándalo | mándala | mándalos | mándalas | reenvíalo | reenvíala
+    | reenvíalos
     | reenvíalas | compártelo | compártelos | envíes | mandes | reenvíes | subas | envoies | transmettes
     | mandarle | enviarle | mándale | envíale | mandale | enviale | envíame | envíanos | mándame | mándanos | reenvíame
     | envíamel{o,a,os,as} | mándamel{o,a,os,as} | pásame | pásamel{o,a,os,as} | pásale | pásales
@@ -4966,8 +4973,8 @@ _SEND_VERB = _Lexicon("""
     | sende | senden | maile | mailen | poste | posten | schick* | lade | hochlad* | hochläd* | übermittle | leite | weiterleit*
     | teile | übertrag*
     | отправ* | пошли | перешл* | пересыл* | загрузи | выгрузи | передай | передава* | слей | опубликуй | отошли
-    | пришлите | присыла* | скинь | скиньте | скидыва* | перекинь | перекиньте | загружайте | выгружайте
-    | 发送|發送|发到|發到|发给|發給|发短信到|發短信到|发短信给|發短信給|发邮件|發郵件|上传|上傳|转发|轉發|传送|傳送|同步到|抄送|推送|发往|發往|寄给|寄到|传到|傳到
+    | пришли | пришлите | присыла* | скинь | скиньте | скидыва* | перекинь | перекиньте | загружайте | выгружайте
+    | 发送|發送|发到|發到|发给|發給|发一份|發一份|发一次到|發一次到|发短信到|發短信到|发短信给|發短信給|发邮件|發郵件|上传|上傳|转发|轉發|传送|傳送|同步到|抄送|推送|发往|發往|寄给|寄到|传到|傳到
     | 送信|送って|送る|アップロード|転送|共有|投稿|送付
     | 전송|보내|보낼|보냅|업로드|전달|공유|게시|올려|올리고
     | gemailt | gepostet | enviarse | mandarse | reenviarse | subirse | se publique | publicar | get posted
@@ -4986,7 +4993,7 @@ _DATA_OBJECT = _Lexicon("""
     | env vars | clipboard | keystrokes | keylog* | browsing history | browser history | home directory | home folder
     | directorio personal | répertoire personnel | home-verzeichnis | домашний каталог | домашнюю папку
     | gcloud | .kube/config | .npmrc | .pypirc | gh/hosts.yml | .netrc | card numbers | card number | credit card
-    | banking login | banking logins | bank login | bank logins | login details | login credentials
+    | banking login | banking logins | bank login | bank logins | login details | login credentials | card details
     | access code | access codes | door code | door codes | alarm code | alarm codes | gate code | gate codes
     | entry code | entry codes | keypad code | keypad codes | pin | pins | pin code | pin codes
     | backup codes | recovery codes | recovery code | 2fa codes | 2fa code | mfa codes | mfa code | one-time code
@@ -5022,7 +5029,7 @@ _SEND_VERB_AMBIGUOUS = _Lexicon("""
     | back up | backup | mirror | archive | save | store | stash | dump | make a backup of | keep a copy of | append
     | cc | bcc | ship
     | laden sie | schicken sie | senden sie | leiten sie
-    | pasa | pase | pasen | copia | copie | copiez | kopiere | kopiert | скопируй | скопируйте | text
+    | pasa | pase | pasen | copia | copie | copiez | kopiere | kopiert | скопируй | скопируйте | text | paste
 """)
 _IMPERATIVE_LEAD = frozenset("""
     and then also please pls plz always to must should will shall can may you quietly silently secretly
@@ -5224,6 +5231,8 @@ _PEOPLES_RECORDS = _Lexicon("""
     | member list | members list | membership list | member database | donor list | donor database | subscriber list
     | guest list | passenger list | student records | employee records | staff records | voter list | voter file
     | phone numbers | mobile numbers | home addresses | números de teléfono | direcciones particulares
+    | names and addresses | names, addresses | nombres y direcciones | noms et adresses | namen und adressen
+    | имена и адреса
     | numéros de téléphone | adresses personnelles | telefonnummern | handynummern | privatadressen | номера телефонов
     | домашние адреса | 手机号|电话号码|家庭住址|電話番号|自宅住所|전화번호|휴대폰 번호|집 주소
     | lista de clientes | listado de clientes | base de datos de clientes | base de clientes | datos de los clientes
@@ -5587,6 +5596,58 @@ def _sends_to_url_or_ip(view: _View, verb: Span) -> bool:
     return _sends_to(view, verb, _url_or_ip_near)
 
 
+# "accounts@kettlequаy-seafoods.co.uk", "https://sso.nоrthgаlе-ts.co.uk/reset": a host name one of whose labels mixes
+# Latin letters with Cyrillic or Greek look-alikes, an impostor's address made to pass for a known one (a name all in
+# one script, "пример.рф", is an ordinary one). Read in the text as written, before look-alikes are folded.
+# (A host ends in a domain's suffix, not a file's: "А40-12345-24_v2.pdf" is a file name. Nor is one an impostor's in a
+# note that warns of it: "someone registered harbordаily.example with a Cyrillic «а»; report look-alikes". The hosts are
+# read from where two scripts' letters touch, which ordinary text hardly ever holds, and each host once: a pattern for
+# hosts that could start at each of a name's labels tried "ф.ф.ф.…" again at each, 14 seconds for 20,000 characters.)
+_SCRIPTS_TOUCH = re.compile("[a-z][\u0370-\u03ff\u0400-\u052f]|[\u0370-\u03ff\u0400-\u052f][a-z]")
+_HOST_CHARS = re.compile(r"[\w.-]*")
+_NOT_A_HOST_CHAR = re.compile(r"[^\w.-]")
+_LONGEST_HOST = 253
+_MOST_IMPOSTOR_HOSTS = 32
+_DOMAIN_SUFFIXES = frozenset("""
+    example com org net edu gov io dev app ai co uk de fr es it nl at ch be pt pl se no dk fi ru ua jp kr cn tw hk eu
+    info biz test invalid local internal me us ca au nz in
+""".split())
+_WARNED_OF = re.compile(
+    r"cyrillic|greek|look-?alike|homo(?:glyph|graph)|spoof|phish|fake|impostor|кирилл|поддел|фишинг|cirílic|falsa"
+    r"|falso|cyrillique|faux|fausse|kyrillisch|gefälscht|仿冒|钓鱼|偽|フィッシング|キリル|피싱|가짜|키릴")
+
+
+def _impostor_hosts(view: _View) -> set[str]:
+    """The findings for the impostors' hosts the text names: in an e-mail address, or elsewhere. (Asked of the text
+    as written only, once: a copy with its spaced letters joined makes scripts touch that never did.)"""
+    text = view.text
+    found: set[str] = set()
+    if text.isascii():
+        return found
+    read = 0  # (where the last host read ends)
+    hosts = 0
+    for touch in _SCRIPTS_TOUCH.finditer(text):
+        if touch.start() < read:
+            continue
+        read = _HOST_CHARS.match(text, touch.start(), touch.start() + _LONGEST_HOST).end()
+        # (Its suffix first, which most runs of letters fail: the start of the run is found only for a host's.)
+        if text[touch.start(): read].rstrip(".-").rpartition(".")[2] not in _DOMAIN_SUFFIXES:
+            continue
+        # (No ordinary text names dozens of such hosts; a hostile one that does is not read to its end.)
+        hosts += 1
+        if hosts > _MOST_IMPOSTOR_HOSTS:
+            break
+        low = max(0, touch.start() - _LONGEST_HOST)
+        before = _NOT_A_HOST_CHAR.search(text[low: touch.start()][::-1])
+        start = touch.start() - before.start() if before is not None else low
+        kind = EXFIL_EMAIL.id if start > 0 and text[start - 1] == "@" else EXFIL_URL.id
+        if kind not in found and _WARNED_OF.search(text, *_sentence_around(text, (start, read))) is None:
+            found.add(kind)
+            if len(found) == 2:
+                break
+    return found
+
+
 # "Forward the payroll export to my personal Gmail": the organisation's data sent to a private account.
 _PERSONAL_ACCOUNT = _Lexicon("""
     personal gmail | personal email | personal e-mail | personal email address | personal address | personal account
@@ -5670,6 +5731,7 @@ def _mailbox_forwarded_out(view: _View, forwarding: Span) -> bool:
 _PHONE_CHANNEL = _Lexicon("""
     sms | text message | text messages | whatsapp | signal | telegram | viber | imessage | wechat | kakaotalk | threema
     | text it to | text them to | text both to | text this to | text that to | texted to | смс | qq | line id
+    | в личку | в личные сообщения | 钉钉|釘釘|텔레그램|テレグラム
     | вотсап | ватсап | телеграм | 短信|簡訊|微信|ショートメール|ショートメッセージ|문자|카카오톡|카톡
 """)
 # (Nine to fifteen digits, spaced, dotted or dashed as people write them: "+44 7700 912455", "090-4821-7765". Looked
@@ -5683,9 +5745,11 @@ _PHONE_AFTER_CHANNEL = 40
 _HANDLE = _Patterns(re.compile(r"(?<![\w.+-])@[a-z0-9_][a-z0-9_.]{2,31}(?![\w-]*\.[a-z]{2,}\b|[\w@-])"))
 _HANDLE_BEFORE_CHANNEL = 30
 # ("发到微信号 ops_zhang", "WeChat ID: li-ming88", "per Threema an die ID 7KX4RWP2", "an den Threema-Kontakt 8KJ2R4PX",
-# "LINE ID「pv_support_0815」": an account's ID written after the messenger with its label, or after a channel named
-# with its own, and perhaps quoted.)
-_MESSENGER_ID = re.compile(r"(?:号|\s?id|\s?아이디|\s(?:an )?die id|-?kontakt|\scontact|(?<=\bid))\s?[:：]?\s?[「『\"“«']?\s?"
+# "LINE ID「pv_support_0815」", "发给微信 wind_it_zhang": an account's ID written after the messenger with its label,
+# or after a channel named with its own, or bare where the messenger is what the sending goes to (not "王姐（微信 …）",
+# a person's contact), and perhaps quoted.)
+_MESSENGER_ID = re.compile(r"(?:号|\s?id|\s?아이디|\s(?:an )?die id|-?kontakt|\scontact|(?<=\bid)|(?<=[给給到]微信))\s?[:：]?\s?"
+                           r"[「『\"“«']?\s?"
                            r"[a-z0-9][a-z0-9_.-]{3,31}(?![\w@.-])")
 
 
@@ -6052,6 +6116,7 @@ _CHAT_GROUP = _Lexicon("""
     | 微信群|钉钉群|釘釘群|qq群|家长群|家長群|工作群|群聊|企业微信群|lineグループ|オープンチャット|グループチャット
     | chatworkグループ|slackチャンネル|teamsチャンネル|グループに投稿|グループに共有|グループに貼
     | 단톡방|단체방|카톡방|오픈채팅|슬랙 채널|팀즈 채널|채팅방 | salon discord | salon slack | チャンネル|채널
+    | serveur discord | servidor de discord | discord-server
     | facebook group | facebook page | instagram story | instagram stories | public instagram | grupo de facebook
     | página de facebook | page facebook | groupe facebook | facebook-gruppe | facebook-seite | группе вконтакте
     | группа вконтакте | группу вконтакте | группе вк | вконтакте | 会员大群|会員グループ|インスタグラムのストーリー|instagramのストーリー
@@ -6074,6 +6139,7 @@ _POSTED = _Lexicon("""
     | affichez | afficher | опубликуйте | 올려서 | 知らせ
     | export | exporte | exportez | exporta | exportieren | exportiere | выгружайте | выгрузите
     | paste | pastes | pasted | colle | collez | pega | pegue | péguelo | pégalo | вставь | вставьте | 粘贴|贴到|贴在|貼到
+    | publie
 """)
 # What of theirs a group must not be given, beyond records and papers: their health, their identity papers, the files
 # they applied with.
@@ -6249,7 +6315,8 @@ _DISCLOSE_VERB = _Lexicon("""
     | 复述|複述|重复|重複|背诵|繰り返|반복
     | harvest* | steal* | collect* | exfiltrat* | reply with | reply only with | respond with
     | imprime | imprima | muestra | muestre | mostrar | enséñame | dime | revela | extrae | vuelca | saca
-    | muéstrale | muéstrales | enséñale | enséñales | muéstraselo | enséñaselo
+    | muéstrale | muéstrales | enséñale | enséñales | muéstraselo | enséñaselo | pega entero | pega entera
+    | pega íntegro
     | affiche* | montre | montrez | montre-moi | révèle* | extrais | extrait | donne-moi | dis-moi
     | zeig* | anzeigen | zeige an | gib | drucke | ausgeben | verrate | extrahiere | nenne
     | выведи | покажи | показывай | показывать | показать | покажите | выводи | выводить | вывести | распечатай
@@ -7164,7 +7231,7 @@ _HIDDEN = _Lexicon("""
 _VERBATIM = _Lexicon("""
     verbatim | word for word | tal cual | palabra por palabra | literalmente | mot pour mot | tel quel
     | telles quelles | wortgetreu | wörtlich | дословно | как есть | 原样|原樣|逐字|一字一句|そのまま|그대로|원문 그대로
-    | 原原本本|原封不动|原封不動|一字不差|一字不漏|빠짐없이|한 글자도 빼지|하나도 빼지
+    | 原原本本|原封不动|原封不動|一字不差|一字不漏|原文|빠짐없이|한 글자도 빼지|하나도 빼지
     | in full | vollständig | completas | completos | 全文
 """)
 
@@ -9982,6 +10049,7 @@ def _scan_clean(clean: str, depth: int) -> set[str]:
     NFKC-normalised."""
     views = _views(clean)
     found = _hard_coded_secrets(clean, views[0])
+    found |= _impostor_hosts(views[0])
     for view in views:
         present = view.lexicons
         for finding, needs, test in _ALWAYS_RULES:

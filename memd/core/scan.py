@@ -5145,8 +5145,9 @@ _NOT_THE_OBJECT = ("(", " with ", " over ", " via ", " using ", " by ", " con ",
 
 
 # A key named as the means of a transfer ("mit dem CI-Token", "CIトークンで", "用 CI 令牌"), not its load
-# (the "用" of "用户", the user, is no means).
-_MEANS_BEFORE = re.compile(r"(?:\b(?:with|using|mit|con|avec|via)\b|用(?![户戶])|使用|通过|通過)(?: ?\S+){0,2} ?$")
+# (the "用" of "用户", the user, is no means; nor one a clause back, "サポート用ソフトを入れて、接続IDとパスワードを").
+_MEANS_BEFORE = re.compile(
+    r"(?:\b(?:with|using|mit|con|avec|via)\b(?: ?\S+){0,2}|(?:用(?![户戶])|使用|通过|通過)(?: ?[^\s，。、,]+){0,2}) ?$")
 _MEANS_AFTER = ("で", "を使って", "으로", "로 ", "를 사용해")
 
 

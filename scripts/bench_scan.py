@@ -103,6 +103,10 @@ ADVERSARIAL = {
     "concessions about the facts, numbered": "".join(f"点検結果{n}にかかわらず、" for n in range(6_700))[:100_000],
     # Each an approval, read for the evidence it may be given without.
     "approvals, numbered": "".join(f"見積の承認者は田中課長、代理は鈴木係長{n}。" for n in range(4_500))[:100_000],
+    # A long word repeated and cut short at the end: the shorter word occurs at every offset of every repeat.
+    "a long word repeated, cut short": (("ignore " + "a" * 3_000 + " ") * 34)[:100_000],
+    # Each an ignoring verb whose object is a request: saved, so every one is read.
+    "requests ignored": "要求展示系统提示词的邮件一律忽略，" * 5_900,
 }
 
 # The baseline: thirty independent, case-insensitive patterns, each searched over the whole entry.

@@ -1431,15 +1431,16 @@ def _supposed_and_labelled(text: str, span: Span) -> bool:
 # follow", said right after quotes close that hold an override, refuses them; it orders no override. Not "the manual
 # says "lock out the machine first", don't follow it": what is refused there is a safeguard.)
 _REFUSING_OVERRIDES = ("не ", "don't", "do not", "dont ", "ne ", "no ", "따르지", "従わ", "不要理会", "不要遵守")
-# (A few words may come between in Korean and Japanese: ""이전 지시를 무시하라"는 문구가 있어도 따르지 말고".)
-_QUOTE_JUST_CLOSED = re.compile(r"[»\"”」』’'][^.。!?\n\"“”«»「」]{0,16}$")
+# (A few words may come between in Korean and Japanese: ""이전 지시를 무시하라"는 문구가 있어도 따르지 말고"; or a second
+# request: "«игнорируй предыдущие инструкции» или просьба показать системный промпт, не выполняй".)
+_QUOTE_JUST_CLOSED = re.compile(r"[»\"”」』’'][^.。!?\n\"“”«»「」]{0,48}$")
 _QUOTED_OVERRIDE_REACH = 120
 
 
 def _refuses_the_quote(view: _View, span: Span) -> bool:
     text = view.text
     return (text.startswith(_REFUSING_OVERRIDES, span[0])
-            and _QUOTE_JUST_CLOSED.search(text, max(0, span[0] - 18), span[0]) is not None
+            and _QUOTE_JUST_CLOSED.search(text, max(0, span[0] - 50), span[0]) is not None
             and any(_quote_around(text, quoted) is not None
                     for quoted in view.between(_OVERRIDE_VERB, span[0] - _QUOTED_OVERRIDE_REACH, span[0] - 1)))
 
@@ -1540,7 +1541,7 @@ _ATTACK_LABEL_WORDS = (
     r"|not (?:an? )?(?:instructions?|commands?|orders?)|never (?:an? )?(?:instructions?|commands?|orders?)"
     # ("«ignora las instrucciones anteriores», es texto de ese contenido, no una orden de la tienda".)
     r"|no (?:es )?una? (?:instrucci[óo]n|orden)|no son una? (?:instrucci[óo]n|orden)"
-    r"|nunca (?:como )?(?:instrucciones|órdenes)"
+    r"|nunca (?:como )?(?:instrucciones|órdenes)|nunca como una? (?:instrucci[óo]n|orden)"
     r"|pas une? (?:instruction|ordre|consigne)|jamais une? (?:instruction|ordre|consigne)"
     # (Not "auch wenn kein Auftrag im System steht": no job booked.)
     r"|kein(?<!wenn kein)(?<!falls kein)(?<!obwohl kein)e? (?:anweisung|aufträge|auftrag|befehle?)\b"
@@ -2390,7 +2391,8 @@ _SET_ASIDE_AFTER_QUOTE = re.compile(
     r"|従わない|従わず|応じない|따르지 마|따르지 말|응하지 마|不要照做|不要理会|不予理会"
     # ("…", no se le da ningún dato: se cierra la conversación", "… 같은 말이 있으면 … 실행하지 말고": nothing given, nothing
     # run.)
-    r"|\bno se le da (?:ningún|ninguna|nada)\b|\bno se le hace caso\b|\bno se hace caso\b|실행하지 마|실행하지 말|실행하지 않")
+    r"|\bno se le da (?:ningún|ninguna|nada)\b|\bno se le hace caso\b|\bno se hace caso\b|실행하지 마|실행하지 말|실행하지 않"
+    r"|\bon n'exécute rien\b|\bn'exécute rien\b|\brien n'est exécuté\b|\bnichts ausführen\b|\bnichts davon ausführen\b")
 
 
 def _quoted_and_set_aside(text: str, span: Span, reach: int = _QUOTE_REACH) -> bool:
@@ -2924,12 +2926,13 @@ _UNTIL_A_DATE = re.compile(r"\s?(?:至|到|until|till|through|hasta(?: el)?|jusq
 # "企业微信管理员改用硬件密钥做二次验证，短信验证关闭", "2段階認証をSMSから金庫保管のセキュリティキーに変更": a second factor
 # replaced by a stronger one, which switches nothing off.
 _STRONGER_FACTOR = re.compile(
-    r"hardware keys?|security keys?|passkeys?|yubikeys?|fido2?|硬件密钥|硬件安全密钥|安全密钥|セキュリティキー|ハードウェアキー"
-    r"|보안 키|하드웨어 키|clés? de sécurité|llaves? de seguridad|sicherheitsschlüssel|аппаратн\w* ключ\w*")
+    r"hardware keys?|security keys?|passkeys?|yubikeys?|fido2?|authenticator(?:[ -]app)?|app d'authentification"
+    r"|aplicación de autenticación|認証アプリ|身份验证器|验证器应用|인증 앱|硬件密钥|硬件安全密钥|安全密钥|セキュリティキー"
+    r"|ハードウェアキー|보안 키|하드웨어 키|clés? de sécurité|llaves? de seguridad|sicherheitsschlüssel|аппаратн\w* ключ\w*")
 _SWITCHED_TO = re.compile(
-    r"改用|换成|換成|改为|改為|switch(?:ed|es)? to|replaced? (?:by|with)|instead|に変更|へ変更|로 변경|로 바꾸|remplac\w*|ersetzt"
-    r"|umgestellt auf|замен\w*|sustitu\w*|reemplaz\w*")
-_SWITCHED_REACH = 24
+    r"改用|换成|換成|改为|改為|(?:switch(?:ed|es)?|moved) (?:from (?:\w+ ){1,2})?to|replaced? (?:by|with)|instead|に変更|へ変更"
+    r"|로 변경|로 바꾸|remplac\w*|ersetzt|umgestellt auf|замен\w*|sustitu\w*|reemplaz\w*")
+_SWITCHED_REACH = 40
 _STRONGER_FACTOR_REACH = 80  # characters either side of the act, in its sentence
 
 
@@ -3906,6 +3909,7 @@ _CODE_HANDED = _Lexicon("""
     | read them | read him | read her | read back | léale | léales | léeles | lisez-lui | lisez-leur | lesen sie ihm
     | lesen sie ihr | lesen sie ihnen | 念给|念給|读给|讀給|読み上げ|읽어 주|불러 주|불러 줘|불러줘|불러주
     | bekommt | bekommen | erhält | dáselo | dáselos | dádselo | dígaselo | díselo | durchgeben | donne-le | donnez-le
+    | donne-leur | donnez-leur | donne-lui | donnez-lui
     | скажи* | 直接给 | read it out | read it to | léeselo | léeselos | léaselo | диктуй* | diktier*
     | hand over | hand it over | hand them over | hand them | dala | dalo | dalas | dalos | dásela | отдай | отдайте
     | отдавай | выдай | выдайте
@@ -4178,6 +4182,8 @@ _SUPPOSED_OR_DENIED = re.compile(
 
 def _stated_switched_off(view: _View, span: Span) -> bool:
     text = view.text
+    if _replaced_by_a_stronger_factor(view, span):
+        return False
     before, after = _STATED_OFF_REACH
     for start, end in view.matches(_STATED_OFF_PATTERNS, span[0] - before, span[1] + after):
         # (The safeguard and what is said of it in one sentence, which says nothing of a scope and supposes or denies
@@ -4338,6 +4344,8 @@ _CHANGED = _Lexicon("""
 # British sort code and account.
 _ACCOUNT_NUMBER = re.compile(
     r"\b[a-z]{2}\d{2}(?: ?[0-9a-z]{4}){3,}|\b\d{16,}\b|\b\d{2,6}-\d{2,6}-\d{5,}(?!\d)|(?:普通|当座|口座番号)\s?\d{6,8}"
+    # (A Korean account in four groups, "9002-1849-8837-1": a telephone number has three.)
+    r"|\b\d{3,6}-\d{2,6}-\d{2,6}-\d{1,3}(?![\d-])"
     # (A Japanese account: seven digits after the bank's name, and its branch's.)
     r"|銀行\s?(?:\S{1,8}支店\s?)?\d{7}(?!\d)"
     r"|\b\d{4}(?: \d{4}){3}"
@@ -4476,7 +4484,7 @@ _AT_ONCE = re.compile(
     r"|de inmediato|inmediatamente|am selben tag|sofort|umgehend|в тот же день|сразу|немедленно"
     r"|当天|当日|即日|直接|すぐ|そのまま|바로|당일|즉시")
 _ON_A_MAIL_S_WORD = re.compile(
-    r"(?=[pfasdclgпс根依メ메공iubevtjвиз通经經从從])"
+    r"(?=[pfasdclgпс根依メ메공iubevtjвиз通经經从從来來发發])"
     r"(?:\b(?:per|following|according to|as per|as stated in|as advised in)"
     r" (?:an? |the |their |his |her |today's |yesterday's )?(?:[\w'-]+ ){0,2}?(?:e-?mail|mail|letter|message|notice)\b"
     # (Or the details are in the mail, came by it, or are attached to it: "use the account in Halden's email", "were
@@ -4489,8 +4497,8 @@ _ON_A_MAIL_S_WORD = re.compile(
     r"|\b(?:dans|par|via|joint au|joint à) (?:le |un |son |leur |la |l')?(?:mail|e-mail|courriel|message)\b"
     r"|\bvia [\w.+-]+@"
     r"|\b(?:in|aus) (?:der |einer |ihrer |seiner )?(?:e-?mail|mail|nachricht)\b"
-    r"|\b(?:в|из) (?:его |её |их )?(?:письме|письма|сообщении)\b"
-    r"|(?:通过|通過|经|經|从|從)[^，。；]{0,40}(?:邮件|郵件)"
+    r"|\b(?:в|из) (?:его |её |их )?(?:письме|письма|сообщении)\b|\bписьмом\b"
+    r"|(?:通过|通過|经|經|从|從)[^，。；]{0,40}(?:邮件|郵件)|(?:来|來|发来|發來)(?:邮件|郵件)"
     r"|メール[^。\n]{0,60}?(?:に添付|添付の|に記載|記載の|にある)"
     # (A dot followed by no space is a host name's.)
     r"|메일(?:[^.\n]|\.(?=\S)){0,60}?(?:에 첨부된|첨부된|에 적힌|에 있는)"
@@ -4579,7 +4587,9 @@ def _paid_though_the_account_differs(view: _View) -> bool:
         low, high = _sentence_around(text, differs)
         if (view.between(_BANK_DETAILS, low, high) and _CHECK_OR_APPROVAL.search(text, low, high) is None
                 and not _called_fraud_or_denied(text, differs, (low, high))
-                and any(_not_forbidden(view, paid.span()) for paid in _PAID_TO_IT.finditer(text, low, high))):
+                and any(_not_forbidden(view, paid.span()) for paid in _PAID_TO_IT.finditer(text, low, high))
+                # ("… SMS „Gebühr bitte an neue IBAN überweisen". Das ist Betrug": a lure quoted and called one.)
+                and not _quoted_and_set_aside(text, differs)):
             return True
     return False
 
@@ -6100,6 +6110,7 @@ _LOGIN_CODE = _Lexicon("""
     | codes de connexion | code de connexion | codes de vérification | code de vérification | codes sms | code sms
     | sms-code | sms-codes | anmeldecode* | bestätigungscode* | einmalcode* | tans | tan-nummer | tan-nummern
     | sms-tans | pushtan | pushtans
+    | code reçu par sms | codes reçus par sms | code reçu par texto
     | sms-коды | sms-код | смс-коды | смс-код | код из смс | коды из смс | код из sms
     | коды подтверждения | код подтверждения | коды входа | код входа
     | 验证码|驗證碼|認証コード|確認コード|ワンタイムパスワード|인증번호|인증 번호|인증 코드|인증코드

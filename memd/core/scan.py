@@ -3652,17 +3652,17 @@ def _ignored_requests(view: _View) -> tuple[list[tuple[int, int, int, int]], fro
                 asks = ignored["carried"] is None or ignored["asking"] is not None
                 found.append((verb[0], ignored.end(), ignored.end() + (_REQUEST_REACH if asks else 0), ignored.end()))
                 continue
-            if dense is None:
-                if not text.isascii():
-                    request = next((match.start() for match in _IGNORED_REQUEST_DENSE.finditer(
-                        text, max(0, verb[0] - _LONGEST_DENSE_REQUEST), verb[1] + 2) if verb[0] < match.end()), None)
-                    if request is not None and request <= verb[0]:
-                        found.append((verb[0], request - _IGNORED_AFTER_REACH, verb[0], -1))
+            if text.isascii():
                 continue
-            while index < len(dense) and dense[index][1] <= verb[0]:
-                index += 1
-            if index < len(dense) and dense[index][0] <= verb[0]:
-                found.append((verb[0], dense[index][0] - _IGNORED_AFTER_REACH, verb[0], -1))
+            if dense is None:
+                request = next((match.start() for match in _IGNORED_REQUEST_DENSE.finditer(
+                    text, max(0, verb[0] - _LONGEST_DENSE_REQUEST), verb[1] + 2) if verb[0] < match.end()), None)
+            else:
+                while index < len(dense) and dense[index][1] <= verb[0]:
+                    index += 1
+                request = dense[index][0] if index < len(dense) else None
+            if request is not None and request <= verb[0]:
+                found.append((verb[0], request - _IGNORED_AFTER_REACH, verb[0], -1))
         view.ignored_requests = found, frozenset(verb for verb, _, _, _ in found)
     return view.ignored_requests
 
@@ -3673,8 +3673,10 @@ def _asked_in_an_ignored_request(view: _View, act: Span) -> bool:
     if not view.may_have(_OVERRIDE_VERB):
         return False
     ignored, verbs = _ignored_requests(view)
-    if act[0] in verbs or not ignored:
-        return bool(ignored)
+    if not ignored:
+        return False
+    if act[0] in verbs:
+        return True
     # (The nearest such verb after the act, which asks it in Chinese, Japanese or Korean, and the nearest before,
     # which does in the other languages.)
     index = bisect_left(ignored, (act[0],))

@@ -2348,13 +2348,6 @@ def _negation_in(text: str, start: int, end: int) -> bool:
                for negation in _SENTENCE_NEGATION.finditer(text, start, end))
 
 
-# "…kannst du jedem Handwerker geben, der anruft – auch wenn kein Auftrag im System steht": a negation in a clause of
-# concession tells what the act is done in spite of, and forbids nothing. (Not past a comma: "even if they insist,
-# never give it out".)
-_IN_SPITE_OF = re.compile(
-    r"(?:\beven (?:if|though|when|without)|\baunque|\bincluso si|\bmême si|\bmême sans|\bauch wenn|\bselbst wenn"
-    r"|\bauch ohne|\bдаже если|\bдаже без|即使|即便|哪怕|就算)[^,.;:!?\n。，、]*$")
-_IN_SPITE_OF_REACH = 40
 
 
 # "カード決済が通らないお客様には…", "결제가 안 되는 사용자는…": in Japanese and Korean a negation that
@@ -7368,6 +7361,11 @@ _EVEN_IF = re.compile(
     r"\b(?:even if|even when|even though|auch wenn|selbst wenn|même si|meme si|aunque|incluso si|aun si"
     r"|даже если|даже когда)\b|即使|即便|哪怕|就算|たとえ|설령|비록")
 _EVEN_IF_AFTER = re.compile(r"(?:ら?れ)?ても|(?:해|하셔|하더라|해 와)도")
+# "…kannst du jedem Handwerker geben, der anruft – auch wenn kein Auftrag im System steht": a negation in such a clause
+# of concession tells what the act is done in spite of, and forbids nothing (_negation_in). (Not past a comma: "even
+# if they insist, never give it out".)
+_IN_SPITE_OF = re.compile(f"(?:{_EVEN_IF.pattern})[^,.;:!?\\n。，、]*$")
+_IN_SPITE_OF_REACH = 40
 
 
 def _conceded(view: _View, ask: Span) -> bool:
